@@ -1,0 +1,14 @@
+# The two commands of the README. Both install what they need first (idempotent, fast when done).
+PY ?= python3
+
+.PHONY: setup demo test
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	vq-gguf demo
+
+test: setup
+	vq-gguf build
+	$(PY) -m pytest -q

@@ -1,0 +1,166 @@
+"""Fetch, check, patch and build llama.cpp with the VQ type; build the cffi module of the runtime.
+
+    python -m native.build            # everything, reusing whatever is up to date
+    python -m native.build --server   # also llama-server
+
+Steps (each skipped when its inputs have not changed):
+1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
+2. extract its vendor/llama.cpp, copy native/ggml and native/llama into it, apply native/patches/llama.cpp.patch;
+3. configure the root CMakeLists.txt with ninja and ccache, build the libraries and tools;
+4. compile runtime's cffi extension against the tree's llama.h (API mode: the C compiler checks every
+   struct field the bindings use, so the layouts cannot drift).
+
+Everything lives in a cache folder outside the repo: $VQ_GGUF_HOME, default ~/.cache/vq-gguf.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NATIVE = REPO / "native"
+PATCH = NATIVE / "patches" / "llama.cpp.patch"
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_PYTHON_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendored by that release
+
+# our files, and where they go in the llama.cpp tree
+OWN_FILES = {
+    "ggml/ggml-vq.h": "ggml/include/ggml-vq.h",
+    "ggml/ggml-vq.c": "ggml/src/ggml-vq.c",
+    "ggml/vq-cpu.h": "ggml/src/ggml-cpu/vq-cpu.h",
+    "ggml/vq-cpu.c": "ggml/src/ggml-cpu/vq-cpu.c",
+    "llama/llama-vq.h": "src/llama-vq.h",
+    "llama/llama-vq.cpp": "src/llama-vq.cpp",
+}
+TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llama-bench", "llama-completion"]
+
+
+def home() -> Path:
+    return Path(os.environ.get("VQ_GGUF_HOME", Path.home() / ".cache" / "vq-gguf"))
+
+
+def tree_dir() -> Path:
+    return home() / "llama.cpp"
+
+
+def build_dir() -> Path:
+    return home() / "build"
+
+
+def bin_dir() -> Path:
+    return build_dir() / "bin"
+
+
+def log(msg: str) -> None:
+    print(f"[build] {msg}", flush=True)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sdist() -> Path:
+    dl = home() / "dl"
+    sdist = dl / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    if not sdist.exists():
+        log(f"downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source from PyPI")
+        dl.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dl)], check=True)
+    digest = sha256(sdist)
+    if digest != LLAMA_CPP_PYTHON_SHA256:
+        sdist.unlink()
+        raise SystemExit(f"{sdist.name}: sha256 {digest} does not match the pinned {LLAMA_CPP_PYTHON_SHA256}; removed it")
+    return sdist
+
+
+def copy_if_changed(src: Path, dst: Path) -> bool:
+    if dst.exists() and dst.read_bytes() == src.read_bytes():
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return True
+
+
+def prepare_tree(sdist: Path) -> Path:
+    """Extract and patch the tree when the sdist or the patch changed; refresh our own files always."""
+    tree = tree_dir()
+    stamp = tree / ".vq-stamp"
+    want = f"{LLAMA_CPP_PYTHON_SHA256}\n{hashlib.sha256(PATCH.read_bytes()).hexdigest()}\n"
+    if not (stamp.exists() and stamp.read_text() == want):
+        log(f"extracting vendor/llama.cpp and applying {PATCH.relative_to(REPO)}")
+        tmp = tree.with_name(tree.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+        with tarfile.open(sdist) as tar:
+            members = []
+            for m in tar.getmembers():
+                if m.name.startswith(prefix) and len(m.name) > len(prefix):
+                    m.name = m.name[len(prefix):]
+                    members.append(m)
+            tar.extractall(tmp, members=members, filter="data")
+        (tmp / ".git").unlink(missing_ok=True)  # a submodule pointer that leads nowhere outside the sdist
+        for src, dst in OWN_FILES.items():
+            copy_if_changed(NATIVE / src, tmp / dst)
+        subprocess.run(["patch", "-p1", "--forward", "--quiet", "-d", str(tmp), "-i", str(PATCH)], check=True)
+        shutil.rmtree(tree, ignore_errors=True)
+        tmp.rename(tree)
+        stamp.write_text(want)
+    for src, dst in OWN_FILES.items():
+        if copy_if_changed(NATIVE / src, tree / dst):
+            log(f"updated {dst}")
+    return tree
+
+
+def cmake_build(tree: Path, server: bool, jobs: int) -> None:
+    build = build_dir()
+    cache = build / "CMakeCache.txt"
+    if not cache.exists() or f"VQ_BUILD_SERVER:BOOL={'ON' if server else 'OFF'}" not in cache.read_text():
+        log("configuring")
+        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                        f"-DVQ_LLAMA_SOURCE_DIR={tree}", f"-DVQ_BUILD_SERVER={'ON' if server else 'OFF'}",
+                        "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
+                       check=True, stdout=subprocess.DEVNULL)
+    targets = TARGETS + (["llama-server"] if server else [])
+    log(f"building {' '.join(targets)} with {jobs} jobs")
+    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True)
+
+
+def ensure_tools() -> None:
+    missing = [t for t in ("cmake", "ninja", "cc", "c++", "patch") if shutil.which(t) is None]
+    if missing:
+        raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential patch ccache)")
+
+
+def build(server: bool = False, jobs: int | None = None) -> Path:
+    """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/."""
+    ensure_tools()
+    tree = prepare_tree(fetch_sdist())
+    cmake_build(tree, server, jobs or os.cpu_count() or 2)
+    from runtime import ffi_build
+    ffi_build.build(tree, bin_dir())
+    return bin_dir()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", action="store_true", help="also build llama-server")
+    ap.add_argument("-j", "--jobs", type=int, default=None)
+    args = ap.parse_args(argv)
+    print(build(server=args.server, jobs=args.jobs))
+
+
+if __name__ == "__main__":
+    main()

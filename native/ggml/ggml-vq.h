@@ -1,0 +1,87 @@
+// Vector-quantized (VQ) weights in ggml: types, side tensors, reference decoder.
+// The bit layout is defined in docs/format.md; this header follows it.
+#pragma once
+
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GGML_VQ_FORMAT_VERSION 1
+#define GGML_VQ_FORMAT_KEY     "vq.format_version"
+#define GGML_VQ_BLCK_SIZE      32
+
+// type id = GGML_VQ_TYPE_BASE + n, with n/4 index bits per weight, n in [GGML_VQ_N_MIN, GGML_VQ_N_MAX]
+#define GGML_VQ_TYPE_BASE 200
+#define GGML_VQ_N_MIN     2
+#define GGML_VQ_N_MAX     16
+
+// side tensors of a VQ weight, in the order they sit in the MUL_MAT node: src[GGML_VQ_SRC_FIRST + side]
+enum ggml_vq_side {
+    GGML_VQ_CODEBOOK = 0,       // F16 [v, K1, G]
+    GGML_VQ_RES_CODEBOOK,       // F16 [v, K2, G]   optional
+    GGML_VQ_PERM,               // I32 [in]         optional
+    GGML_VQ_COL_NORM,           // F32 [in, 2]      optional
+    GGML_VQ_ROW_SCALE,          // F32 [out]        optional
+    GGML_VQ_OUTLIER_COLS,       // I32 [n_o]        optional, with the next two
+    GGML_VQ_OUTLIER_IDX,        // I16 [out/v0, n_o]
+    GGML_VQ_OUTLIER_CODEBOOK,   // F16 [v0, K0]
+    GGML_VQ_N_SIDES,
+};
+#define GGML_VQ_SRC_FIRST 2
+
+// a VQ weight resolved to host pointers: what every decoder reads
+struct ggml_vq_layout {
+    int64_t in, out;      // logical shape: ne = [in, out]
+    int32_t v, b1, b2;    // vector length, main and residual index bits (b2 = 0: no residual)
+    int64_t G;            // column groups (codebooks)
+    int64_t n_o;          // outlier columns (0: none)
+    int32_t v0, b0;       // outlier vector length and index bits
+    const uint8_t     * codes;
+    const ggml_fp16_t * codebook;
+    const ggml_fp16_t * res_codebook;
+    const int32_t     * perm;
+    const float       * col_norm;
+    const float       * row_scale;
+    const int32_t     * outlier_cols;
+    const int16_t     * outlier_idx;
+    const ggml_fp16_t * outlier_codebook;
+};
+
+GGML_API bool         ggml_is_vq(enum ggml_type type);
+GGML_API int          ggml_vq_rate_quarters(enum ggml_type type);  // n: index bits per weight times 4
+GGML_API const char * ggml_vq_side_suffix(enum ggml_vq_side side); // "vq_codebook", ...
+
+// Checks the shapes and types of a weight and its side tensors (sides[GGML_VQ_N_SIDES], NULL where absent)
+// against docs/format.md and fills the geometry of `layout` (pointers from tensor->data, which may be
+// device memory). Returns false with a message in err.
+GGML_API bool ggml_vq_layout_init(struct ggml_vq_layout * layout, const struct ggml_tensor * w,
+                                  struct ggml_tensor * const * sides, char * err, size_t err_size);
+
+// Checks the side tensors' data (host pointers in layout): perm is a permutation, outliers in range.
+GGML_API bool ggml_vq_check_data(const struct ggml_vq_layout * layout, char * err, size_t err_size);
+
+// Reference decoder. Decodes vector row p (output channels p*v .. p*v+v-1) into dst[v][in], in the
+// original column order, outliers and row scale included.
+GGML_API void ggml_vq_decode_vrow(const struct ggml_vq_layout * layout, int64_t p, float * dst);
+
+// Reference decoder for the whole weight into dst[out][in].
+GGML_API void ggml_vq_dequantize(const struct ggml_vq_layout * layout, float * dst);
+
+// Attaches the side tensors to a MUL_MAT node whose src[0] is a VQ weight; returns the node.
+GGML_API struct ggml_tensor * ggml_vq_attach(struct ggml_tensor * mul_mat, struct ggml_tensor * const * sides);
+
+// type traits for ggml.c's table: one entry per VQ type
+#define GGML_VQ_TYPE_TRAIT(n, name) \
+    [GGML_VQ_TYPE_BASE + (n)] = { .type_name = name, .blck_size = GGML_VQ_BLCK_SIZE, .type_size = (n), .is_quantized = true },
+#define GGML_VQ_TYPE_TRAITS \
+    GGML_VQ_TYPE_TRAIT( 2, "vq0_50") GGML_VQ_TYPE_TRAIT( 3, "vq0_75") GGML_VQ_TYPE_TRAIT( 4, "vq1_00") \
+    GGML_VQ_TYPE_TRAIT( 5, "vq1_25") GGML_VQ_TYPE_TRAIT( 6, "vq1_50") GGML_VQ_TYPE_TRAIT( 7, "vq1_75") \
+    GGML_VQ_TYPE_TRAIT( 8, "vq2_00") GGML_VQ_TYPE_TRAIT( 9, "vq2_25") GGML_VQ_TYPE_TRAIT(10, "vq2_50") \
+    GGML_VQ_TYPE_TRAIT(11, "vq2_75") GGML_VQ_TYPE_TRAIT(12, "vq3_00") GGML_VQ_TYPE_TRAIT(13, "vq3_25") \
+    GGML_VQ_TYPE_TRAIT(14, "vq3_50") GGML_VQ_TYPE_TRAIT(15, "vq3_75") GGML_VQ_TYPE_TRAIT(16, "vq4_00")
+
+#ifdef __cplusplus
+}
+#endif

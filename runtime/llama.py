@@ -1,0 +1,277 @@
+"""Python bindings to the patched libllama through cffi: load, tokenize, decode, sample, chat templates.
+
+One `Model` owns a llama_model and one llama_context. The context's KV cache holds `self.tokens`; `feed`
+appends to it and reuses whatever prefix is already there, so a chat that re-sends its whole history only
+decodes the new turn.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+_lib = None
+
+
+class LlamaError(RuntimeError):
+    """llama.cpp refused or failed; the message carries llama.cpp's own error lines."""
+
+
+def lib_dir() -> Path:
+    """Folder of the patched shared libraries: $VQ_GGUF_LIB_DIR, or the build folder of native.build."""
+    if os.environ.get("VQ_GGUF_LIB_DIR"):
+        return Path(os.environ["VQ_GGUF_LIB_DIR"])
+    from native.build import bin_dir
+    return bin_dir()
+
+
+def load_lib(verbose: bool = False):
+    """The cffi module (ffi, lib), built by `python -m native.build`."""
+    global _lib
+    if _lib is None:
+        folder = lib_dir() / "python"
+        if not any(folder.glob("_vq_llama*.so")):
+            raise LlamaError(f"the patched llama.cpp is not built (no {folder}/_vq_llama*.so): run `vq-gguf build`")
+        sys.path.insert(0, str(folder))
+        try:
+            _lib = importlib.import_module("_vq_llama")
+        finally:
+            sys.path.remove(str(folder))
+        _lib.lib.llama_backend_init()
+    _lib.lib.vq_log_setup(1 if verbose else 0)
+    return _lib
+
+
+def _error(what: str) -> LlamaError:
+    text = _lib.ffi.string(_lib.lib.vq_log_text()).decode("utf-8", "replace").strip()
+    _lib.lib.vq_log_clear()
+    return LlamaError(f"{what}\n{text}" if text else what)
+
+
+@dataclass
+class SamplerConfig:
+    temperature: float = 0.8   # <= 0: greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int = 0
+
+
+class Model:
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512,
+                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = False):
+        m = load_lib(verbose)
+        self.ffi, self.lib = m.ffi, m.lib
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {path} does not exist")
+        self.lib.vq_log_clear()
+        mp = self.lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.check_tensors = check_tensors
+        self.model = self.lib.llama_model_load_from_file(str(path).encode(), mp)
+        if self.model == self.ffi.NULL:
+            raise _error(f"llama.cpp could not load {path}")
+        threads = n_threads or os.cpu_count() or 1
+        cp = self.lib.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, min(n_ubatch, n_batch)
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.no_perf = True
+        self.ctx = self.lib.llama_init_from_model(self.model, cp)
+        if self.ctx == self.ffi.NULL:
+            self.lib.llama_model_free(self.model)
+            self.model = self.ffi.NULL
+            raise _error("llama.cpp could not create a context")
+        self.vocab = self.lib.llama_model_get_vocab(self.model)
+        self.n_vocab = self.lib.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx = self.lib.llama_n_ctx(self.ctx)
+        self.n_batch = n_batch
+        self.tokens: list[int] = []  # what the KV cache holds
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            self.lib.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            self.lib.llama_model_free(self.model)
+            self.model = None
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- text <-> tokens -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 8
+        buf = self.ffi.new("llama_token[]", cap)
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = self.ffi.new("llama_token[]", cap)
+            n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise _error("tokenization failed")
+        return list(buf[0:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = self.ffi.new("char[]", 64)
+        n = self.lib.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = self.ffi.new("char[]", -n)
+            n = self.lib.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return self.ffi.buffer(buf, n)[:]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def meta(self, key: str) -> str | None:
+        buf = self.ffi.new("char[]", 512)
+        n = self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, 512)
+        return None if n < 0 else self.ffi.string(buf).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def chat_template(self) -> str | None:
+        t = self.lib.llama_model_chat_template(self.model, self.ffi.NULL)
+        return None if t == self.ffi.NULL else self.ffi.string(t).decode()
+
+    def apply_chat_template(self, messages: Sequence[dict], add_assistant: bool = True) -> str:
+        """The model's own chat template applied to [{"role": ..., "content": ...}] (llama.cpp's built-in matcher)."""
+        tmpl = self.chat_template
+        if tmpl is None:
+            raise LlamaError("the model has no chat template (tokenizer.chat_template)")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = self.ffi.new("llama_chat_message[]", len(keep))
+        owned = []
+        for i, (role, content) in enumerate(keep):
+            r, c = self.ffi.new("char[]", role), self.ffi.new("char[]", content)
+            owned += [r, c]
+            chat[i].role, chat[i].content = r, c
+        size = 2 * sum(len(r) + len(c) for r, c in keep) + 256
+        for _ in range(2):
+            buf = self.ffi.new("char[]", size)
+            n = self.lib.llama_chat_apply_template(tmpl.encode(), chat, len(keep), add_assistant, buf, size)
+            if n < 0:
+                raise LlamaError("llama.cpp does not recognise this model's chat template")
+            if n <= size:
+                return self.ffi.buffer(buf, n)[:].decode("utf-8", "replace")
+            size = n
+        raise LlamaError("chat template output kept growing")
+
+    # --- decoding --------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+        self.tokens = []
+
+    def _decode(self, tokens: Sequence[int], pos0: int, all_logits: bool) -> None:
+        batch = self.lib.llama_batch_init(len(tokens), 0, 1)
+        try:
+            batch.n_tokens = len(tokens)
+            for i, t in enumerate(tokens):
+                batch.token[i] = t
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = all_logits or i == len(tokens) - 1
+            rc = self.lib.llama_decode(self.ctx, batch)
+        finally:
+            self.lib.llama_batch_free(batch)
+        if rc != 0:
+            raise _error(f"llama_decode failed with code {rc}")
+
+    def feed(self, tokens: Sequence[int]) -> None:
+        """Make the KV cache hold exactly `tokens`, decoding only what differs from what it holds."""
+        tokens = list(tokens)
+        if len(tokens) > self.n_ctx:
+            raise LlamaError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        keep = 0
+        while keep < min(len(tokens), len(self.tokens)) and tokens[keep] == self.tokens[keep]:
+            keep += 1
+        if keep == len(tokens) and keep > 0:
+            keep -= 1  # re-decode the last token so that its logits are current
+        self.lib.llama_memory_seq_rm(self.lib.llama_get_memory(self.ctx), 0, keep, -1)
+        self.tokens = self.tokens[:keep]
+        for s in range(keep, len(tokens), self.n_batch):
+            chunk = tokens[s : s + self.n_batch]
+            self._decode(chunk, s, all_logits=False)
+            self.tokens += chunk
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """float32 [len(tokens), n_vocab]: the logits after every token of a fresh sequence."""
+        self.reset()
+        out = np.empty((len(tokens), self.n_vocab), dtype=np.float32)
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = list(tokens[s : s + self.n_batch])
+            self._decode(chunk, s, all_logits=True)
+            for i in range(len(chunk)):
+                ptr = self.lib.llama_get_logits_ith(self.ctx, i)
+                out[s + i] = np.frombuffer(self.ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32)
+            self.tokens += chunk
+        return out
+
+    def generate(self, prompt_tokens: Sequence[int], *, max_tokens: int = 256,
+                 sampler: SamplerConfig | None = None) -> Iterator[str]:
+        """Stream the text of the tokens sampled after the prompt, until end of generation or max_tokens."""
+        cfg = sampler or SamplerConfig()
+        chain = self.lib.llama_sampler_chain_init(self.lib.llama_sampler_chain_default_params())
+        if cfg.temperature <= 0:
+            self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_greedy())
+        else:
+            self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_top_k(cfg.top_k))
+            self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_top_p(cfg.top_p, 1))
+            self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_temp(cfg.temperature))
+            self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_dist(cfg.seed))
+        try:
+            self.feed(prompt_tokens)
+            pending = b""
+            for _ in range(max_tokens):
+                if len(self.tokens) >= self.n_ctx:
+                    break
+                token = self.lib.llama_sampler_sample(chain, self.ctx, -1)
+                if self.is_eog(token):
+                    break
+                self._decode([token], len(self.tokens), all_logits=False)
+                self.tokens.append(token)
+                pending += self.token_bytes(token)
+                try:
+                    text, pending = pending.decode("utf-8"), b""
+                except UnicodeDecodeError:  # a multi-byte character split across tokens
+                    continue
+                yield text
+            if pending:
+                yield pending.decode("utf-8", "replace")
+        finally:
+            self.lib.llama_sampler_free(chain)
+
+
+class Chat:
+    """A conversation with a model: the whole history is re-rendered with the chat template each turn,
+    and the KV cache keeps the common prefix, so only the new turn is decoded."""
+
+    def __init__(self, model: Model, system: str | None = None, sampler: SamplerConfig | None = None):
+        self.model = model
+        self.sampler = sampler or SamplerConfig()
+        self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
+
+    def send(self, text: str, max_tokens: int = 256) -> Iterator[str]:
+        self.messages.append({"role": "user", "content": text})
+        prompt = self.model.apply_chat_template(self.messages, add_assistant=True)
+        tokens = self.model.tokenize(prompt, add_special=False, parse_special=True)
+        reply = []
+        for piece in self.model.generate(tokens, max_tokens=max_tokens, sampler=self.sampler):
+            reply.append(piece)
+            yield piece
+        self.messages.append({"role": "assistant", "content": "".join(reply)})

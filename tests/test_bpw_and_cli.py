@@ -1,0 +1,80 @@
+"""Bits per weight counted from the file; the CLI; interrupted quantization resumes to the same file;
+llama.cpp's own tools accept VQ files."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime.llama import lib_dir as bin_dir
+from vq_export import bpw, quantize
+from vq_export.quantize import VQConfig, quantize_model
+
+
+def test_bpw_matches_hand_count(ffn_down_file, src):
+    bits = bpw.count(ffn_down_file)
+    by_name = {t.name: t for t in bits.tensors}
+    t = by_name["blk.0.ffn_down.weight"]
+    out_features, in_features = 576, 1536
+    index_bytes = out_features * in_features * 2 // 8          # vq2_00: 2 bits per weight
+    codebook_bytes = 256 * 4 * 2                               # k=256 centroids of v=4 F16 values
+    assert t.type == "vq2_00" and t.bytes == index_bytes + codebook_bytes
+    assert t.bpw == pytest.approx(8 * (index_bytes + codebook_bytes) / (out_features * in_features))
+    q = by_name["blk.0.ffn_up.weight"]
+    assert q.type == "q8_0" and q.bpw == pytest.approx(8.5)
+    assert not any("vq_" in t.name for t in bits.tensors)      # side tensors count with their weight
+    n_linear = sum(t.elements for t in bits.linears())
+    assert n_linear == sum(src.tensors[n].size for n in src.linear_names())
+    expected = sum(t.bytes for t in bits.linears()) * 8 / n_linear
+    assert bits.linear_bpw == pytest.approx(expected)
+    assert bits.file_bytes == ffn_down_file.stat().st_size
+
+
+def test_inspect_cli(ffn_down_file):
+    out = subprocess.run([sys.executable, "-m", "vq_export.cli", "inspect", str(ffn_down_file), "--tensor", "blk.3.",
+                          "--decode"], capture_output=True, text=True, check=True).stdout
+    assert "vq.format_version = 1" in out
+    assert "blk.3.ffn_down.weight" in out and "v=4 k=256" in out and "finite True" in out
+    assert f"{bpw.count(ffn_down_file).linear_bpw:.3f} bits per weight" in out
+
+
+def test_interrupted_quantization_resumes_to_the_same_file(src, tmp_path, monkeypatch):
+    cfg = VQConfig(v=4, k=16, iters=3)
+    whole = quantize_model(src, tmp_path / "whole.gguf", cfg, only=["attn_k"])
+    real, calls = quantize.quantize_linear, []
+
+    def dies_after_ten(*a, **k):
+        if len(calls) == 10:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(quantize, "quantize_linear", dies_after_ten)
+    with pytest.raises(KeyboardInterrupt):
+        quantize_model(src, tmp_path / "resumed.gguf", cfg, only=["attn_k"])
+    assert not (tmp_path / "resumed.gguf").exists()
+    monkeypatch.setattr(quantize, "quantize_linear", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    resumed = quantize_model(src, tmp_path / "resumed.gguf", cfg, only=["attn_k"])
+    assert len(calls) == 30  # 10 before the interruption, 20 after: the first 10 were reused
+    assert resumed.read_bytes() == whole.read_bytes()
+
+
+def test_llama_perplexity_is_finite(ffn_down_file):
+    from tests.conftest import EVAL_TEXT
+    proc = subprocess.run([str(bin_dir() / "llama-perplexity"), "-m", str(ffn_down_file), "-f", str(EVAL_TEXT),
+                           "-c", "512", "--chunks", "2", "-t", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = [l for l in (proc.stdout + proc.stderr).splitlines() if "Final estimate: PPL" in l][0]
+    ppl = float(line.split("PPL =")[1].split()[0])
+    assert np.isfinite(ppl) and 1 < ppl < 1e6
+
+
+def test_llama_quantize_passes_vq_tensors_through(ffn_down_file, tmp_path):
+    from gguf import GGUFReader
+    out = tmp_path / "requant.gguf"
+    proc = subprocess.run([str(bin_dir() / "llama-quantize"), "--allow-requantize", str(ffn_down_file), str(out), "Q4_0", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before = {t.name: (int(t.tensor_type), bytes(t.data)) for t in GGUFReader(ffn_down_file).tensors if "ffn_down" in t.name}
+    after = {t.name: (int(t.tensor_type), bytes(t.data)) for t in GGUFReader(out).tensors if "ffn_down" in t.name}
+    assert before == after

@@ -1,0 +1,39 @@
+import torch
+
+from vq_export.kmeans import kmeans, nearest
+
+
+def cost(X, C, w):
+    idx, d = nearest(X, C)
+    return float((w * d).sum())
+
+
+def test_deterministic_under_seed():
+    X = torch.randn(5000, 4, generator=torch.Generator().manual_seed(0))
+    C1, a1 = kmeans(X, 32, seed=7)
+    C2, a2 = kmeans(X, 32, seed=7)
+    assert torch.equal(C1, C2) and torch.equal(a1, a2)
+
+
+def test_weighted_cost_decreases_with_iterations():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(4000, 4, generator=g)
+    w = torch.rand(4000, generator=g) ** 4
+    costs = [cost(X, kmeans(X, 16, w, iters=i, seed=3)[0], w) for i in (0, 1, 3, 10)]
+    assert all(b <= a * (1 + 1e-6) for a, b in zip(costs, costs[1:])), costs
+    assert costs[-1] < costs[0]
+
+
+def test_weights_pull_centroids():
+    # two clusters; with one heavily weighted point the centroid of its cluster moves onto it
+    X = torch.tensor([[0.0], [1.0], [10.0], [11.0]])
+    w = torch.tensor([1.0, 1000.0, 1.0, 1.0])
+    C, _ = kmeans(X, 2, w, seed=0)
+    assert torch.isclose(C.min(), torch.tensor(1.0), atol=1e-2)
+
+
+def test_assignment_is_nearest():
+    X = torch.randn(3000, 8, generator=torch.Generator().manual_seed(2))
+    C, a = kmeans(X, 64, seed=0)
+    d = torch.cdist(X, C)
+    assert torch.all(d.gather(1, a[:, None])[:, 0] <= d.min(1).values + 1e-4)

@@ -1,0 +1,61 @@
+"""The C reference decoder (ggml-vq.c) equals the numpy reference decoder, tensor by tensor."""
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from tests.native import c_check_data, c_dequantize
+from vq_export import ggml_vq
+from vq_export.reference import dequantize
+from vq_export.vqtensor import VQTensor
+
+
+def vq_tensors(path):
+    reader = GGUFReader(path)
+    by_name = {t.name: t for t in reader.tensors}
+    return {n: VQTensor.from_gguf(n, by_name) for n, t in by_name.items() if ggml_vq.is_vq(t.tensor_type)}
+
+
+def assert_same_decode(t: VQTensor, name: str):
+    ref = dequantize(t)
+    nat = c_dequantize(t)
+    # the same float32 operations; the C compiler may fuse a multiply-add, hence a last-bit tolerance
+    np.testing.assert_allclose(nat, ref, rtol=1e-6, atol=1e-6 * float(np.abs(ref).max()), err_msg=name)
+
+
+def test_real_weights_every_ffn_down(ffn_down_file):
+    tensors = vq_tensors(ffn_down_file)
+    assert len(tensors) == 30
+    for name, t in tensors.items():
+        assert_same_decode(t, name)
+
+
+def test_every_format_feature(feature_files):
+    vq_path, _, written = feature_files
+    tensors = vq_tensors(vq_path)
+    assert set(tensors) == set(written)
+    for name, t in tensors.items():
+        np.testing.assert_array_equal(dequantize(t), dequantize(written[name]), err_msg=f"{name}: file round trip")
+        assert_same_decode(t, name)
+
+
+def test_decoded_weights_are_close_to_source(ffn_down_file, src):
+    # a sanity bound on the quantizer: 2-bit k-means error is large but far below the weights themselves
+    for name, t in list(vq_tensors(ffn_down_file).items())[:3]:
+        w = src.tensors[name]
+        rel = np.linalg.norm(dequantize(t) - w) / np.linalg.norm(w)
+        assert 0 < rel < 0.6, (name, rel)
+
+
+def test_c_validator_rejects_bad_side_data(feature_files):
+    _, _, written = feature_files
+    t = written["blk.0.ffn_down.weight"]
+    assert c_check_data(t) is None
+    bad = VQTensor(**{**t.__dict__, "perm": t.perm.copy()})
+    bad.perm[5] = bad.perm[6]
+    assert "permutation" in c_check_data(bad)
+    bad = VQTensor(**{**t.__dict__, "outlier_cols": t.outlier_cols.copy()})
+    bad.outlier_cols[0] = t.shape[1]
+    assert "outlier column" in c_check_data(bad)
+    bad = VQTensor(**{**t.__dict__, "outlier_idx": t.outlier_idx.copy()})
+    bad.outlier_idx[0, 0] = 16
+    assert "outlier index" in c_check_data(bad)

@@ -1,0 +1,83 @@
+"""Bits per weight counted from a GGUF file (docs/format.md §7): every byte of a weight and of its side
+tensors, codebooks included, over the weight's logical number of elements."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gguf import GGUFReader
+
+from . import ggml_vq
+from .source import LINEAR_RE
+
+
+@dataclass
+class TensorBits:
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    elements: int
+    bytes: int                 # the tensor itself plus, for a VQ weight, all its side tensors
+    side_bytes: int = 0
+
+    @property
+    def bpw(self) -> float:
+        return 8 * self.bytes / self.elements
+
+
+@dataclass
+class FileBits:
+    path: Path
+    file_bytes: int
+    tensors: list[TensorBits] = field(default_factory=list)
+
+    def linears(self) -> list[TensorBits]:
+        return [t for t in self.tensors if LINEAR_RE.match(t.name)]
+
+    @staticmethod
+    def _bpw(ts: list[TensorBits]) -> float:
+        n = sum(t.elements for t in ts)
+        return 8 * sum(t.bytes for t in ts) / n if n else float("nan")
+
+    @property
+    def linear_bpw(self) -> float:
+        return self._bpw(self.linears())
+
+    @property
+    def params(self) -> int:
+        return sum(t.elements for t in self.tensors)
+
+    @property
+    def file_bpw(self) -> float:
+        """Whole file (header and metadata included) over all parameters."""
+        return 8 * self.file_bytes / self.params
+
+    def linear_types(self) -> dict[str, float]:
+        """Share of block-linear parameters per type."""
+        count: Counter[str] = Counter()
+        for t in self.linears():
+            count[t.type] += t.elements
+        total = sum(count.values())
+        return {k: v / total for k, v in count.most_common()}
+
+
+def count(path: str | Path) -> FileBits:
+    path = Path(path)
+    reader = GGUFReader(path)
+    by_name = {t.name: t for t in reader.tensors}
+    side_names = set()
+    for t in reader.tensors:
+        if ggml_vq.is_vq(t.tensor_type):
+            side_names |= {ggml_vq.side_name(t.name, s) for s in ggml_vq.SIDES}
+    bits = FileBits(path=path, file_bytes=path.stat().st_size)
+    for t in reader.tensors:
+        if t.name in side_names:
+            continue
+        side = 0
+        type_name = t.tensor_type.name.lower()
+        if ggml_vq.is_vq(t.tensor_type):
+            side = sum(int(by_name[s].n_bytes) for s in (ggml_vq.side_name(t.name, x) for x in ggml_vq.SIDES) if s in by_name)
+        bits.tensors.append(TensorBits(name=t.name, type=type_name, shape=tuple(int(x) for x in t.shape),
+                                       elements=int(t.n_elements), bytes=int(t.n_bytes) + side, side_bytes=side))
+    return bits

@@ -1,0 +1,176 @@
+"""vq-gguf: quantize models to VQ-GGUF, inspect the files, chat with them through the patched llama.cpp.
+
+    vq-gguf build                      build the patched llama.cpp (fetch, check, patch, compile)
+    vq-gguf quantize --preset 2bit     quantize the default model (or --model PATH)
+    vq-gguf inspect FILE               tensor types, VQ geometry, bits per weight counted from the file
+    vq-gguf chat FILE --prompt "..."   chat one prompt (or interactively without --prompt)
+    vq-gguf demo                       all of the above on the default model
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+def home() -> Path:
+    from native.build import home as h
+    return h()
+
+
+def default_out(preset: str) -> Path:
+    from .default_model import NAME
+    return home() / "out" / f"{NAME}.vq-{preset}.gguf"
+
+
+def resolve_model(model: str) -> Path:
+    if model == "default":
+        from .default_model import fetch
+        return fetch(home())
+    return Path(model)
+
+
+def cmd_build(args) -> None:
+    from native.build import build
+    print(build(server=args.server, jobs=args.jobs))
+
+
+def cmd_quantize(args) -> Path:
+    from . import source
+    from .quantize import PRESETS, VQConfig, quantize_model
+    from native.build import tree_dir
+
+    cfg = PRESETS[args.preset]
+    if args.v or args.k or args.k_res is not None:
+        cfg = VQConfig(v=args.v or cfg.v, k=args.k or cfg.k, k_res=cfg.k_res if args.k_res is None else args.k_res)
+    preset = args.preset if cfg == PRESETS[args.preset] else f"v{cfg.v}-k{cfg.k}-r{cfg.k_res}"
+    model = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    out = Path(args.out) if args.out else default_out(preset)
+    path = quantize_model(model, out, cfg, preset=preset, seed=args.quant_seed, other_type=args.other_type, only=args.only)
+    print_summary(path)
+    return path
+
+
+def print_summary(path: Path) -> None:
+    from .bpw import count
+    bits = count(path)
+    types = ", ".join(f"{t} {share:.0%}" for t, share in bits.linear_types().items())
+    print(f"{path}\n  file size {bits.file_bytes / 2**20:.1f} MiB, {bits.params / 1e6:.1f}M parameters"
+          f"\n  block linears: {bits.linear_bpw:.3f} bits per weight (codebooks and side tensors included; {types})"
+          f"\n  whole file:    {bits.file_bpw:.3f} bits per weight")
+
+
+def cmd_inspect(args) -> None:
+    import numpy as np
+    from gguf import GGUFReader
+
+    from . import ggml_vq
+    from .bpw import count
+    from .reference import dequantize
+    from .vqtensor import VQTensor
+
+    bits = count(args.file)
+    reader = GGUFReader(args.file)
+    by_name = {t.name: t for t in reader.tensors}
+    version = reader.get_field(ggml_vq.FORMAT_KEY)
+    print(f"format: {ggml_vq.FORMAT_KEY} = {version.contents() if version else 'absent'}")
+    print(f"{'tensor':34} {'type':8} {'shape':>14} {'bpw':>7}  vq")
+    for t in bits.tensors:
+        if args.tensor and args.tensor not in t.name:
+            continue
+        extra = ""
+        if ggml_vq.is_vq(by_name[t.name].tensor_type):
+            q = VQTensor.from_gguf(t.name, by_name)
+            extra = f"v={q.v} k={2 ** q.b1}" + (f"+{2 ** q.b2}" if q.b2 else "") + (f" G={q.groups}" if q.groups > 1 else "")
+            if args.decode:
+                w = dequantize(q)
+                extra += f"  decoded: rms {float(np.sqrt((w ** 2).mean())):.4g}, max |w| {float(np.abs(w).max()):.4g}, finite {bool(np.isfinite(w).all())}"
+        print(f"{t.name:34} {t.type:8} {str(t.shape):>14} {t.bpw:7.3f}  {extra}")
+    print_summary(Path(args.file))
+
+
+def cmd_chat(args) -> None:
+    from runtime.chat import run
+    from runtime.llama import SamplerConfig
+    run(args.file, prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, n_ctx=args.ctx,
+        threads=args.threads, verbose=args.verbose,
+        sampler=SamplerConfig(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed))
+
+
+def cmd_demo(args) -> None:
+    """The README's main job: build, fetch the default model, quantize to ~2 bits, show size, chat."""
+    from native.build import build
+    build()
+    args.model, args.out, args.v, args.k, args.k_res, args.only = "default", None, None, None, None, None
+    path = cmd_quantize(args)
+    print(f"\n> {args.prompt}")
+    args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, 2048, None, False
+    cmd_chat(args)
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", default=None, help="one prompt, answered then exit (default: interactive)")
+    p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=128)
+
+
+def add_quantize(p: argparse.ArgumentParser) -> None:
+    from .quantize import PRESETS
+    p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
+    p.add_argument("--v", type=int, default=None, help="vector length (overrides the preset)")
+    p.add_argument("--k", type=int, default=None, help="codebook size (overrides the preset)")
+    p.add_argument("--k-res", type=int, default=None, help="residual codebook size, 0 for none (overrides the preset)")
+    p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="q8_0",
+                   help="type of the tensors that are not block linears (token embedding, output)")
+    p.add_argument("--quant-seed", type=int, default=0, help="k-means seed")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="vq-gguf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("build", help="build the patched llama.cpp and the runtime bindings")
+    p.add_argument("--server", action="store_true")
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("quantize", help="quantize a model's block linears to VQ-GGUF")
+    p.add_argument("--model", default="default", help="GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", default=None, help="output GGUF (default: $VQ_GGUF_HOME/out/<model>.vq-<preset>.gguf)")
+    p.add_argument("--only", nargs="+", default=None, help="quantize only tensors whose name contains one of these")
+    add_quantize(p)
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("inspect", help="show a GGUF's tensors, VQ geometry and bits per weight")
+    p.add_argument("file")
+    p.add_argument("--tensor", default=None, help="only tensors whose name contains this")
+    p.add_argument("--decode", action="store_true", help="decode VQ tensors with the numpy reference decoder")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("chat", help="chat with a GGUF through the patched llama.cpp")
+    p.add_argument("file")
+    add_sampling(p)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("demo", help="build, quantize the default model to ~2 bits, show its size, chat one prompt")
+    add_quantize(p)
+    add_sampling(p)
+    p.set_defaults(func=cmd_demo, prompt="What is the capital of France?")
+
+    args = ap.parse_args(argv)
+    try:
+        args.func(args)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        sys.exit(f"vq-gguf {args.cmd}: {e}")
+    except RuntimeError as e:
+        sys.exit(f"vq-gguf {args.cmd}: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Write a GGUF for the patched llama.cpp: the source's metadata and tokenizer, VQ weights with their side
+tensors (docs/format.md), and every other tensor in a standard type. Written to a temporary file in the
+same folder, then renamed: a crash never leaves a half-written model under the final name."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf.quants import quantize
+
+from . import ggml_vq
+from .source import SourceModel
+from .vqtensor import VQTensor
+
+# types for the tensors that are not vector-quantized (token embedding, output head, or all of them in a
+# plain float file); 1-D tensors (norms) are always F32
+PLAIN_TYPES = {
+    "f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
+    "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
+    "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+}
+
+
+def plain_tensor(values: np.ndarray, type_name: str) -> tuple[np.ndarray, GGMLQuantizationType | None]:
+    """A float tensor in one of PLAIN_TYPES: (array to write, raw type for quantized bytes or None)."""
+    qtype = PLAIN_TYPES[type_name][0]
+    if values.ndim < 2 or qtype == GGMLQuantizationType.F32:
+        return values.astype(np.float32), None
+    if qtype == GGMLQuantizationType.F16:
+        return values.astype(np.float16), None
+    return quantize(values.astype(np.float32), qtype), qtype
+
+
+def write(path: str | os.PathLike, source: SourceModel, *, vq: Mapping[str, VQTensor] | None = None,
+          override: Mapping[str, np.ndarray] | None = None, other_type: str = "q8_0",
+          extra_kv: Mapping[str, str] | None = None, progress: bool = False) -> Path:
+    """Write source's model with `vq` weights vector-quantized, `override` tensors replaced by the given
+    float arrays (stored F32), and every other 2-D tensor in `other_type`."""
+    vq, override, extra_kv = vq or {}, override or {}, extra_kv or {}
+    unknown = (set(vq) | set(override)) - set(source.tensors)
+    if unknown:
+        raise KeyError(f"tensors not in the source model: {sorted(unknown)[:5]}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+    writer = GGUFWriter(tmp, source.arch)
+    file_type = ggml_vq.FTYPE_MOSTLY_VQ if vq else int(PLAIN_TYPES[other_type][1])
+    skip = {"general.architecture", "general.file_type", ggml_vq.FORMAT_KEY, *extra_kv}
+    for kv in source.metadata:
+        if kv.key not in skip:
+            writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
+    writer.add_key_value("general.file_type", file_type, GGUFValueType.UINT32)
+    if vq:
+        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.FORMAT_VERSION, GGUFValueType.UINT32)
+    for key, value in extra_kv.items():
+        writer.add_key_value(key, value, GGUFValueType.STRING)
+
+    for name, values in source.tensors.items():
+        if name in vq:
+            for tname, data, raw in vq[name].gguf_tensors(name):
+                writer.add_tensor(tname, data, raw_dtype=raw)
+        elif name in override:
+            writer.add_tensor(name, np.ascontiguousarray(override[name], dtype=np.float32))
+        else:
+            data, raw = plain_tensor(values, other_type)
+            writer.add_tensor(name, data, raw_dtype=raw)
+
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file(progress=progress)
+        writer.close()
+        tmp.replace(path)
+    finally:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,130 @@
+"""Load a source model as float tensors plus the GGUF metadata that the output file must keep.
+
+Two inputs are accepted:
+- a GGUF file (any llama.cpp type that the `gguf` package can dequantize), read directly;
+- a Hugging Face directory (config.json + safetensors + tokenizer), converted to an F32 GGUF first by the
+  `convert_hf_to_gguf.py` of the pinned llama.cpp tree, so that tensor names, Q/K permutations and the
+  tokenizer metadata are exactly what the patched llama.cpp expects.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from . import ggml_vq
+
+# architectures whose block linears all go through llama.cpp's weight-matmul hook (build_lora_mm)
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
+
+LINEAR_RE = re.compile(r"^blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+
+
+class SourceError(ValueError):
+    """The source model cannot be used: wrong path, malformed file, unsupported architecture, bad values."""
+
+
+@dataclass
+class KV:
+    key: str
+    value: Any
+    vtype: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
+@dataclass
+class SourceModel:
+    path: Path
+    arch: str
+    metadata: list[KV]
+    tensors: dict[str, np.ndarray] = field(repr=False)  # float32, numpy shape = reversed ggml ne
+    source_types: dict[str, str] = field(default_factory=dict)
+
+    def linear_names(self) -> list[str]:
+        """The block linears, in file order: what the quantizer replaces."""
+        return [name for name in self.tensors if LINEAR_RE.match(name)]
+
+
+def read_metadata(reader: GGUFReader) -> list[KV]:
+    """Every key-value pair of a GGUF file except the header's own (GGUF.*)."""
+    kvs = []
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF."):
+            continue
+        vtype = f.types[0]
+        sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
+        kvs.append(KV(f.name, f.contents(), vtype, sub))
+    return kvs
+
+
+def load_gguf(path: Path) -> SourceModel:
+    try:
+        reader = GGUFReader(path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # the gguf reader raises ValueError, struct.error, IndexError... on a bad file
+        raise SourceError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+    arch_field = reader.get_field("general.architecture")
+    if arch_field is None:
+        raise SourceError(f"{path}: no general.architecture key")
+    arch = arch_field.contents()
+    if arch not in SUPPORTED_ARCHS:
+        raise SourceError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+    tensors: dict[str, np.ndarray] = {}
+    types: dict[str, str] = {}
+    for t in reader.tensors:
+        if ggml_vq.is_vq(t.tensor_type):
+            raise SourceError(f"{path}: tensor {t.name} is already VQ-quantized; start from a float or llama.cpp-quantized file")
+        shape = tuple(int(x) for x in reversed(t.shape))
+        try:
+            values = dequantize(t.data, GGMLQuantizationType(t.tensor_type))
+        except NotImplementedError as e:
+            raise SourceError(f"{path}: cannot dequantize {t.name} of type {t.tensor_type.name}") from e
+        values = np.asarray(values, dtype=np.float32).reshape(shape)
+        if not np.isfinite(values).all():
+            bad = int((~np.isfinite(values)).sum())
+            raise SourceError(f"{path}: tensor {t.name} has {bad} NaN or infinite values")
+        tensors[t.name] = values
+        types[t.name] = t.tensor_type.name
+    return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types)
+
+
+def convert_hf(hf_dir: Path, llama_tree: Path, out: Path) -> Path:
+    """Convert a Hugging Face model directory to an F32 GGUF with the pinned tree's converter."""
+    script = llama_tree / "convert_hf_to_gguf.py"
+    if not script.exists():
+        raise SourceError(f"{script} not found: build the patched llama.cpp first (python -m native.build)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.gguf")
+    cmd = [sys.executable, str(script), str(hf_dir), "--outtype", "f32", "--outfile", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SourceError(f"converting {hf_dir} failed:\n{proc.stderr[-4000:]}")
+    tmp.replace(out)
+    return out
+
+
+def load(path: str | Path, *, llama_tree: Path | None = None, cache_dir: Path | None = None) -> SourceModel:
+    """Load a GGUF file or a Hugging Face directory as float tensors."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"source model {path} does not exist")
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise SourceError(f"{path} is a directory without config.json: not a Hugging Face model")
+        if llama_tree is None or cache_dir is None:
+            raise SourceError("loading a Hugging Face directory needs the llama.cpp tree and a cache directory")
+        gguf_path = cache_dir / f"{path.resolve().name}.f32.gguf"
+        if not gguf_path.exists() or gguf_path.stat().st_mtime < (path / "config.json").stat().st_mtime:
+            convert_hf(path, llama_tree, gguf_path)
+        path = gguf_path
+    return load_gguf(path)

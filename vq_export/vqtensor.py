@@ -1,0 +1,120 @@
+"""One VQ-quantized weight: indices, codebooks and side data, and its GGUF tensors (docs/format.md §4)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ggml_vq
+from .pack import pack_codes, unpack_codes
+
+
+@dataclass
+class VQTensor:
+    shape: tuple[int, int]                        # (out, in): numpy order of the weight
+    codes: np.ndarray                             # uint32 [P, in]: main indices, stored column order
+    codebook: np.ndarray                          # float16 [G, K1, v]
+    res_codes: np.ndarray | None = None           # uint32 [P, in]
+    res_codebook: np.ndarray | None = None        # float16 [G, K2, v]
+    perm: np.ndarray | None = None                # int32 [in]: stored column j is input column perm[j]
+    col_norm: np.ndarray | None = None            # float32 [2, in]: scale and bias per stored column
+    row_scale: np.ndarray | None = None           # float32 [out]
+    outlier_cols: np.ndarray | None = None        # int32 [n_o]
+    outlier_idx: np.ndarray | None = None         # int16 [n_o, out/v0]
+    outlier_codebook: np.ndarray | None = None    # float16 [K0, v0]
+
+    @property
+    def v(self) -> int:
+        return self.codebook.shape[2]
+
+    @property
+    def groups(self) -> int:
+        return self.codebook.shape[0]
+
+    @property
+    def b1(self) -> int:
+        return _log2(self.codebook.shape[1])
+
+    @property
+    def b2(self) -> int:
+        return 0 if self.res_codebook is None else _log2(self.res_codebook.shape[1])
+
+    @property
+    def rate_quarters(self) -> int:
+        """n: the ggml type stores n/4 index bits per weight."""
+        bits4 = 4 * (self.b1 + self.b2)
+        if bits4 % self.v:
+            raise ValueError(f"{self.b1 + self.b2} index bits per vector of {self.v} is not a whole number of quarter bits per weight")
+        return bits4 // self.v
+
+    def gguf_tensors(self, weight_name: str) -> list[tuple[str, np.ndarray, object]]:
+        """(name, array, raw ggml type or None) for the index tensor and every side tensor present."""
+        out_features, in_features = self.shape
+        b = self.b1 + self.b2
+        merged = self.codes.astype(np.uint64)
+        if self.res_codes is not None:
+            merged |= self.res_codes.astype(np.uint64) << np.uint64(self.b1)
+        stream = pack_codes(merged, b).reshape(out_features, in_features * self.rate_quarters // 32)
+        tensors = [(weight_name, stream, ggml_vq.gguf_type(self.rate_quarters))]
+        sides = {
+            "vq_codebook": self.codebook.astype(np.float16),
+            "vq_res_codebook": None if self.res_codebook is None else self.res_codebook.astype(np.float16),
+            "vq_perm": None if self.perm is None else self.perm.astype(np.int32),
+            "vq_col_norm": None if self.col_norm is None else self.col_norm.astype(np.float32),
+            "vq_row_scale": None if self.row_scale is None else self.row_scale.astype(np.float32),
+            "vq_outlier_cols": None if self.outlier_cols is None else self.outlier_cols.astype(np.int32),
+            "vq_outlier_idx": None if self.outlier_idx is None else self.outlier_idx.astype(np.int16),
+            "vq_outlier_codebook": None if self.outlier_codebook is None else self.outlier_codebook.astype(np.float16),
+        }
+        for side in ggml_vq.SIDES:
+            if sides[side] is not None:
+                tensors.append((ggml_vq.side_name(weight_name, side), np.ascontiguousarray(sides[side]), None))
+        return tensors
+
+    @classmethod
+    def from_gguf(cls, weight_name: str, tensors: dict) -> "VQTensor":
+        """Rebuild from a GGUFReader's tensors (name -> ReaderTensor); raises ValueError on a malformed set."""
+        w = tensors[weight_name]
+        n = ggml_vq.rate_quarters(w.tensor_type)
+        in_features, out_features = (int(x) for x in w.shape[:2])
+
+        def side(name):
+            t = tensors.get(ggml_vq.side_name(weight_name, name))
+            return None if t is None else np.asarray(t.data)
+
+        codebook = side("vq_codebook")
+        if codebook is None:
+            raise ValueError(f"{weight_name}: missing codebook tensor {ggml_vq.side_name(weight_name, 'vq_codebook')}")
+        res_codebook = side("vq_res_codebook")
+        if codebook.ndim == 2:
+            codebook = codebook[None]
+        if res_codebook is not None and res_codebook.ndim == 2:
+            res_codebook = res_codebook[None]
+        v = codebook.shape[2]
+        b1 = _log2(codebook.shape[1])
+        b2 = 0 if res_codebook is None else _log2(res_codebook.shape[1])
+        if 4 * (b1 + b2) != n * v or out_features % v:
+            raise ValueError(f"{weight_name}: codebooks [{v}, 2^{b1}] (+2^{b2}) do not match type {ggml_vq.type_name(n)} "
+                             f"and {out_features} output channels")
+        merged = unpack_codes(np.asarray(w.data).reshape(-1), out_features // v, in_features, b1 + b2)
+        outlier_idx = side("vq_outlier_idx")
+        return cls(
+            shape=(out_features, in_features),
+            codes=merged & np.uint32((1 << b1) - 1),
+            codebook=codebook,
+            res_codes=None if res_codebook is None else merged >> np.uint32(b1),
+            res_codebook=res_codebook,
+            perm=side("vq_perm"),
+            col_norm=side("vq_col_norm"),
+            row_scale=side("vq_row_scale"),
+            outlier_cols=side("vq_outlier_cols"),
+            outlier_idx=None if outlier_idx is None else outlier_idx.reshape(-1, out_features // side("vq_outlier_codebook").shape[-1]),
+            outlier_codebook=side("vq_outlier_codebook"),
+        )
+
+
+def _log2(k: int) -> int:
+    b = int(k).bit_length() - 1
+    if k < 2 or (1 << b) != k or b > 16:
+        raise ValueError(f"codebook size {k} is not a power of two in [2, 65536]")
+    return b
