@@ -127,6 +127,10 @@ def prepare_tree(sdist: Path) -> Path:
 def cmake_build(tree: Path, server: bool, jobs: int) -> None:
     build = build_dir()
     cache = build / "CMakeCache.txt"
+    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={REPO}\n" not in cache.read_text():
+        log(f"the build folder was configured from another checkout; reconfiguring it for {REPO}")
+        cache.unlink()
+        shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
     if not cache.exists() or f"VQ_BUILD_SERVER:BOOL={'ON' if server else 'OFF'}" not in cache.read_text():
         log("configuring")
         subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",

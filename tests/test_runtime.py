@@ -59,3 +59,10 @@ def test_chat_reuses_the_context(model):
 def test_context_overflow_is_an_error(model):
     with pytest.raises(LlamaError):
         model.feed([1] * (model.n_ctx + 1))
+
+
+def test_stock_llama_cpp_types_run_too(default_gguf):
+    # the source file itself (Q4_1, lossless for this model) answers a factual question
+    with Model(default_gguf, n_ctx=512) as m:
+        answer = "".join(Chat(m, sampler=SamplerConfig(temperature=0)).send("What is the capital of France?", max_tokens=24))
+    assert "Paris" in answer

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGUFReader
 from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer
@@ -103,13 +104,22 @@ def _load_part(path: Path) -> VQTensor:
         return VQTensor(shape=tuple(int(x) for x in z["shape"]), **fields)
 
 
+def _file_key(path: Path) -> str | None:
+    field = GGUFReader(path).get_field(ggml_vq.INPUTS_KEY)
+    return None if field is None else field.contents()
+
+
 def quantize_model(source: SourceModel, out: Path, cfg: VQConfig, *, preset: str = "custom", seed: int = 0,
                    other_type: str = "q8_0", only: list[str] | None = None) -> Path:
     """Quantize every block linear (or those whose name contains one of `only`) and write the GGUF."""
     names = [n for n in source.linear_names() if not only or any(s in n for s in only)]
     if not names:
         raise ValueError("no block linear matches the selection")
-    key = hashlib.sha256(json.dumps([str(source.path), os.path.getsize(source.path), asdict(cfg), seed]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([str(source.path), os.path.getsize(source.path), asdict(cfg), seed,
+                                     other_type, names]).encode()).hexdigest()[:16]
+    if out.exists() and _file_key(out) == key:
+        print(f"[quantize] {out} is up to date (same source, settings and seed)", flush=True)
+        return out
     parts = out.with_name(f".{out.name}.parts-{key}")
     parts.mkdir(parents=True, exist_ok=True)
 
@@ -127,7 +137,7 @@ def quantize_model(source: SourceModel, out: Path, cfg: VQConfig, *, preset: str
     bar.close()
 
     path = gguf_writer.write(out, source, vq=done, other_type=other_type, progress=False,
-                             extra_kv={ggml_vq.METHOD_KEY: "kmeans", ggml_vq.PRESET_KEY: preset})
+                             extra_kv={ggml_vq.METHOD_KEY: "kmeans", ggml_vq.PRESET_KEY: preset, ggml_vq.INPUTS_KEY: key})
     for f in parts.iterdir():
         f.unlink()
     parts.rmdir()

@@ -89,7 +89,7 @@ def load_gguf(path: Path) -> SourceModel:
             values = dequantize(t.data, GGMLQuantizationType(t.tensor_type))
         except NotImplementedError as e:
             raise SourceError(f"{path}: cannot dequantize {t.name} of type {t.tensor_type.name}") from e
-        values = np.asarray(values, dtype=np.float32).reshape(shape)
+        values = np.array(values, dtype=np.float32).reshape(shape)  # a writable copy, not a view of the file
         if not np.isfinite(values).all():
             bad = int((~np.isfinite(values)).sum())
             raise SourceError(f"{path}: tensor {t.name} has {bad} NaN or infinite values")
