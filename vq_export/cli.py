@@ -158,6 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     p.set_defaults(func=cmd_chat)
 
+    from tools import compare
+    p = sub.add_parser("compare", help="VQ presets against llama.cpp's k-quants and i-quants: table, plots, results.json")
+    compare.add_arguments(p)
+    p.set_defaults(func=compare.run)
+
     p = sub.add_parser("demo", help="build, quantize the default model to ~2 bits, show its size, chat one prompt")
     add_quantize(p)
     add_sampling(p)

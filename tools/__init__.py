@@ -1,0 +1,1 @@
+"""Comparison and benchmark scripts: vq-gguf against llama.cpp's own quantizations."""
