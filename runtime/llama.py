@@ -63,7 +63,9 @@ class SamplerConfig:
 
 class Model:
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512,
-                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = False):
+                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = False,
+                 vocab_only: bool = False):
+        """vocab_only: load just the tokenizer (tokenize/detokenize/chat template; no decoding)."""
         m = load_lib(verbose)
         self.ffi, self.lib = m.ffi, m.lib
         path = Path(path)
@@ -73,9 +75,16 @@ class Model:
         mp = self.lib.llama_model_default_params()
         mp.n_gpu_layers = 0
         mp.check_tensors = check_tensors
+        mp.vocab_only = vocab_only
+        self.ctx = None
         self.model = self.lib.llama_model_load_from_file(str(path).encode(), mp)
         if self.model == self.ffi.NULL:
             raise _error(f"llama.cpp could not load {path}")
+        self.vocab = self.lib.llama_model_get_vocab(self.model)
+        self.n_vocab = self.lib.llama_vocab_n_tokens(self.vocab)
+        self.tokens: list[int] = []  # what the KV cache holds
+        if vocab_only:
+            return
         threads = n_threads or os.cpu_count() or 1
         cp = self.lib.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, min(n_ubatch, n_batch)
@@ -86,11 +95,8 @@ class Model:
             self.lib.llama_model_free(self.model)
             self.model = self.ffi.NULL
             raise _error("llama.cpp could not create a context")
-        self.vocab = self.lib.llama_model_get_vocab(self.model)
-        self.n_vocab = self.lib.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = self.lib.llama_n_ctx(self.ctx)
         self.n_batch = n_batch
-        self.tokens: list[int] = []  # what the KV cache holds
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

@@ -92,7 +92,29 @@ def feature_files(src, tmp_path_factory) -> tuple[Path, Path, dict[str, VQTensor
 @pytest.fixture(scope="session")
 def ffn_down_file(src, tmp_path_factory) -> Path:
     """The default model with every ffn_down at ~2 bits (k-means v4 k256), the rest Q8_0."""
-    from vq_export.quantize import PRESETS, quantize_model
+    from vq_export.quantize import quantize_model
     out = tmp_path_factory.mktemp("ffn_down") / "ffn_down.vq.gguf"
-    cfg = VQConfig(v=PRESETS["2bit"].v, k=PRESETS["2bit"].k, iters=8)
-    return quantize_model(src, out, cfg, preset="test", only=["ffn_down"])
+    return quantize_model(src, out, VQConfig(v=4, k=256, iters=8), only=["ffn_down"])
+
+
+@pytest.fixture(scope="session")
+def hf_dir(default_gguf, tmp_path_factory):
+    """A tiny random llama with SmolLM2's tokenizer, saved the way Hugging Face checkpoints are."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import torch
+    out = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    tok = AutoTokenizer.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_src(hf_dir, tmp_path_factory):
+    """The tiny llama converted to GGUF by the pinned llama.cpp's converter, as a SourceModel."""
+    from native.build import tree_dir
+    return source.load(hf_dir, llama_tree=tree_dir(), cache_dir=tmp_path_factory.mktemp("hf-gguf"))

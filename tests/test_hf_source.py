@@ -3,30 +3,13 @@ the pinned llama.cpp's convert_hf_to_gguf.py, quantized, and loaded by the patch
 import numpy as np
 import pytest
 
-from native.build import tree_dir
 from runtime.llama import Model
 from vq_export import gguf_writer, source
 from vq_export.quantize import VQConfig, quantize_linear
 
 
-@pytest.fixture(scope="module")
-def hf_dir(default_gguf, tmp_path_factory):
-    """A tiny random llama with SmolLM2's tokenizer, saved the way Hugging Face checkpoints are."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    import torch
-    out = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    tok = AutoTokenizer.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    return out
-
-
-def test_hf_directory_to_vq_gguf(hf_dir, tmp_path):
-    src = source.load(hf_dir, llama_tree=tree_dir(), cache_dir=tmp_path / "cache")
+def test_hf_directory_to_vq_gguf(hf_dir, tiny_src, tmp_path):
+    src = tiny_src
     assert src.arch == "llama" and len(src.linear_names()) == 14
     # the converter keeps torch's values (Q/K rows permuted for llama.cpp's rope layout)
     from safetensors.numpy import load_file

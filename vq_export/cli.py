@@ -35,17 +35,25 @@ def cmd_build(args) -> None:
 
 
 def cmd_quantize(args) -> Path:
+    import dataclasses
+
     from . import source
-    from .quantize import PRESETS, VQConfig, quantize_model
+    from .quantize import PRESETS, quantize_model
     from native.build import tree_dir
 
-    cfg = PRESETS[args.preset]
-    if args.v or args.k or args.k_res is not None:
-        cfg = VQConfig(v=args.v or cfg.v, k=args.k or cfg.k, k_res=cfg.k_res if args.k_res is None else args.k_res)
-    preset = args.preset if cfg == PRESETS[args.preset] else f"v{cfg.v}-k{cfg.k}-r{cfg.k_res}"
+    preset = PRESETS[args.preset]
+    changes = {k: getattr(args, k) for k in ("v", "k", "k_res") if getattr(args, k) is not None}
+    if changes:
+        cfg = dataclasses.replace(preset.config, **changes)
+        preset = dataclasses.replace(preset, name=f"{preset.method}-v{cfg.v}-k{cfg.k}-r{cfg.k_res}", config=cfg, overrides=())
+    if args.calib_windows:
+        preset = dataclasses.replace(preset, n_calib=args.calib_windows)
+    if args.finetune_steps is not None:
+        preset = dataclasses.replace(preset, finetune_steps=args.finetune_steps)
     model = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
-    out = Path(args.out) if args.out else default_out(preset)
-    path = quantize_model(model, out, cfg, preset=preset, seed=args.quant_seed, other_type=args.other_type, only=args.only)
+    out = Path(args.out) if args.out else default_out(preset.name)
+    path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
+                          calib=args.calib)
     print_summary(path)
     return path
 
@@ -125,7 +133,12 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-res", type=int, default=None, help="residual codebook size, 0 for none (overrides the preset)")
     p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="q8_0",
                    help="type of the tensors that are not block linears (token embedding, output)")
-    p.add_argument("--quant-seed", type=int, default=0, help="k-means seed")
+    p.add_argument("--quant-seed", type=int, default=0, help="seed of k-means and of the calibration windows")
+    p.add_argument("--calib", nargs="+", default=None,
+                   help="calibration text files or folders, or hf:DATASET[:SPLIT[:FIELD]] (default: ../shared/data/calib)")
+    p.add_argument("--calib-windows", type=int, default=None, help="calibration windows of 512 tokens (default: the preset's)")
+    p.add_argument("--finetune-steps", type=int, default=None,
+                   help="end-to-end fine-tuning steps of codebooks and norms against the float model (default: the preset's)")
 
 
 def main(argv: list[str] | None = None) -> None:

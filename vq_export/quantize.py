@@ -1,19 +1,25 @@
-"""Vector quantization of a model's block linears in VPTQ's layout, and the pipeline around it.
+"""Quantize a model's block linears to VQ and write the GGUF: presets, the block-by-block pipeline, resume.
 
-A vector is v consecutive output channels at one input column. This module quantizes each linear with
-k-means codebooks (optionally a residual codebook on the first pass's error); the second-order VPTQ
-algorithm builds on the same layout and types.
+Two methods share the VPTQ layout (a vector is v consecutive output channels at one input column):
+- `kmeans`: plain k-means codebooks and nearest-centroid codes, no calibration (the baseline);
+- `vptq`: calibration Hessians, Hessian-weighted k-means, second-order assignment, residual/outlier codebooks
+  and codebook refit (vptq.py). Blocks are processed in order; in sequential mode (the default) each block's
+  Hessians come from the activations of the already-quantized blocks before it.
 
-Finished tensors are saved one file each in a parts folder next to the output, so an interrupted run
-resumes where it stopped; the parts are removed once the GGUF is written.
+Finished tensors are saved one file each in a parts folder next to the output, so an interrupted run resumes
+where it stopped (in sequential mode the finished blocks are replayed from their parts); the parts are removed
+once the GGUF is written. A JSON report beside the GGUF lists each tensor's output error on held-out
+calibration windows, worst first.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import resource
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,43 +27,50 @@ import torch
 from gguf import GGUFReader
 from tqdm import tqdm
 
-from . import ggml_vq, gguf_writer
+from . import ggml_vq, gguf_writer, hessian
 from .kmeans import kmeans, nearest
+from .model import LINEARS, Llama
+from .reference import dequantize
 from .source import SourceModel
+from .vptq import VPTQ, VPTQConfig, proxy_loss
 from .vqtensor import VQTensor
 
 
 @dataclass(frozen=True)
 class VQConfig:
+    """Plain k-means quantization of one weight (no calibration)."""
     v: int                 # vector length (output channels per vector)
     k: int                 # main codebook size
     k_res: int = 0         # residual codebook size (0: none)
     iters: int = 25        # k-means iterations
 
-    @property
-    def index_bits(self) -> int:
-        return _log2(self.k) + (_log2(self.k_res) if self.k_res else 0)
 
-    @property
-    def rate_quarters(self) -> int:
-        if (4 * self.index_bits) % self.v:
-            raise ValueError(f"v={self.v} with {self.index_bits} index bits is not a whole number of quarter bits per weight")
-        return 4 * self.index_bits // self.v
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    method: str                                     # "kmeans" or "vptq"
+    config: VQConfig | VPTQConfig                   # for every block linear ...
+    overrides: tuple[tuple[str, VPTQConfig], ...] = ()  # ... except those whose name contains the key
+    n_calib: int = 32                               # calibration windows (vptq)
+    seq_len: int = 512                              # tokens per window
+    n_heldout: int = 4                              # windows kept out of the Hessians, for the error report
+    sequential: bool = True                         # Hessians from the quantized earlier blocks
+    finetune_steps: int = 0                         # end-to-end KL fine-tuning of codebooks and norms (0: none)
+    finetune_lr: float = 1e-4
+
+    def config_for(self, name: str):
+        for key, cfg in self.overrides:
+            if key in name:
+                return cfg
+        return self.config
 
 
-# index bits per weight: 2bit 2.0, 3bit 3.0, 4bit 4.0 (codebooks add ~0.03 on the default model)
 PRESETS = {
-    "2bit": VQConfig(v=4, k=256),
-    "3bit": VQConfig(v=4, k=256, k_res=16),
-    "4bit": VQConfig(v=4, k=256, k_res=256),
+    "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
+    "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256)),
+    "3bit": Preset("3bit", "vptq", VPTQConfig(v=4, k=256, k_res=16)),
+    "4bit": Preset("4bit", "vptq", VPTQConfig(v=4, k=256, k_res=256)),
 }
-
-
-def _log2(k: int) -> int:
-    b = int(k).bit_length() - 1
-    if k < 2 or (1 << b) != k or b > 16:
-        raise ValueError(f"codebook size {k} is not a power of two in [2, 65536]")
-    return b
 
 
 def to_vectors(W: torch.Tensor, v: int) -> torch.Tensor:
@@ -74,6 +87,7 @@ def fit_codebook(X: torch.Tensor, k: int, iters: int, seed: int) -> tuple[torch.
 
 
 def quantize_linear(W: np.ndarray, cfg: VQConfig, seed: int = 0) -> VQTensor:
+    """The kmeans method for one weight: nearest-centroid codes, optional residual codebook."""
     out_features, in_features = W.shape
     if out_features % cfg.v:
         raise ValueError(f"vector length {cfg.v} does not divide {out_features} output channels")
@@ -91,55 +105,167 @@ def quantize_linear(W: np.ndarray, cfg: VQConfig, seed: int = 0) -> VQTensor:
     return t
 
 
-def _save_part(path: Path, t: VQTensor) -> None:
+# --- resumable parts -------------------------------------------------------------------------------------
+
+def _save_part(path: Path, t: VQTensor, report: dict) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
     arrays = {k: v for k, v in asdict(t).items() if isinstance(v, np.ndarray)}
-    np.savez(tmp, shape=np.array(t.shape), **arrays)
+    np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), **arrays)
     tmp.replace(path)
 
 
-def _load_part(path: Path) -> VQTensor:
+def _load_part(path: Path) -> tuple[VQTensor, dict]:
     with np.load(path) as z:
-        fields = {k: z[k] for k in z.files if k != "shape"}
-        return VQTensor(shape=tuple(int(x) for x in z["shape"]), **fields)
+        fields = {k: z[k] for k in z.files if k not in ("shape", "report")}
+        return VQTensor(shape=tuple(int(x) for x in z["shape"]), **fields), json.loads(str(z["report"]))
 
 
 def _file_key(path: Path) -> str | None:
-    field = GGUFReader(path).get_field(ggml_vq.INPUTS_KEY)
-    return None if field is None else field.contents()
+    field_ = GGUFReader(path).get_field(ggml_vq.INPUTS_KEY)
+    return None if field_ is None else field_.contents()
 
 
-def quantize_model(source: SourceModel, out: Path, cfg: VQConfig, *, preset: str = "custom", seed: int = 0,
-                   other_type: str = "q8_0", only: list[str] | None = None) -> Path:
+@dataclass
+class Run:
+    """What one quantization run reads and where it keeps its state."""
+    source: SourceModel
+    out: Path
+    preset: Preset
+    names: list[str]
+    calib: list[str] = field(default_factory=list)
+    seed: int = 0
+    other_type: str = "q8_0"
+
+    @property
+    def key(self) -> str:
+        desc = [str(self.source.path), os.path.getsize(self.source.path), repr(self.preset), self.seed,
+                self.other_type, self.names, [str(c) for c in self.calib]]
+        return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
+
+    @property
+    def parts(self) -> Path:
+        return self.out.with_name(f".{self.out.name}.parts-{self.key}")
+
+
+def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *, seed: int = 0,
+                   other_type: str = "q8_0", only: list[str] | None = None, calib: list | None = None) -> Path:
     """Quantize every block linear (or those whose name contains one of `only`) and write the GGUF."""
+    if isinstance(preset, VQConfig):
+        preset = Preset("custom", "kmeans", preset)
     names = [n for n in source.linear_names() if not only or any(s in n for s in only)]
     if not names:
         raise ValueError("no block linear matches the selection")
-    key = hashlib.sha256(json.dumps([str(source.path), os.path.getsize(source.path), asdict(cfg), seed,
-                                     other_type, names]).encode()).hexdigest()[:16]
-    if out.exists() and _file_key(out) == key:
-        print(f"[quantize] {out} is up to date (same source, settings and seed)", flush=True)
-        return out
-    parts = out.with_name(f".{out.name}.parts-{key}")
-    parts.mkdir(parents=True, exist_ok=True)
-
-    done: dict[str, VQTensor] = {}
+    if preset.method == "vptq" and not calib:
+        from .calib import DEFAULT_CALIB
+        calib = [DEFAULT_CALIB]
+    run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type)
+    if run.out.exists() and _file_key(run.out) == run.key:
+        print(f"[quantize] {run.out} is up to date (same source, settings, calibration and seed)", flush=True)
+        return run.out
+    run.parts.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    bar = tqdm(names, desc=f"quantize {preset}", unit="tensor", dynamic_ncols=True)
-    for name in bar:
-        part = parts / f"{name}.npz"
-        if part.exists():
-            done[name] = _load_part(part)
-            continue
-        bar.set_postfix_str(name)
-        done[name] = quantize_linear(source.tensors[name], cfg, seed=seed)
-        _save_part(part, done[name])
-    bar.close()
+    done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
+    if preset.finetune_steps:
+        source = _finetune(run, done)
+    elapsed = time.time() - start
 
-    path = gguf_writer.write(out, source, vq=done, other_type=other_type, progress=False,
-                             extra_kv={ggml_vq.METHOD_KEY: "kmeans", ggml_vq.PRESET_KEY: preset, ggml_vq.INPUTS_KEY: key})
-    for f in parts.iterdir():
+    path = gguf_writer.write(run.out, source, vq=done, other_type=other_type, progress=False,
+                             extra_kv={ggml_vq.METHOD_KEY: preset.method, ggml_vq.PRESET_KEY: preset.name,
+                                       ggml_vq.INPUTS_KEY: run.key})
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    _write_report(run, report, elapsed, peak_gib)
+    for f in run.parts.iterdir():
         f.unlink()
-    parts.rmdir()
-    print(f"[quantize] {len(names)} tensors in {time.time() - start:.0f} s -> {path}", flush=True)
+    run.parts.rmdir()
+    print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s, peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
     return path
+
+
+def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
+    done, report = {}, {}
+    for name in tqdm(run.names, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True):
+        part = run.parts / f"{name}.npz"
+        if part.exists():
+            done[name], report[name] = _load_part(part)
+            continue
+        done[name] = quantize_linear(run.source.tensors[name], run.preset.config_for(name), seed=run.seed)
+        report[name] = {}
+        _save_part(part, done[name], report[name])
+    return done, report
+
+
+def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
+    from .calib import calibration_tokens
+    preset = run.preset
+    tokens = calibration_tokens(run.source.path, run.calib, preset.n_calib + preset.n_heldout, preset.seq_len, run.seed)
+    model = Llama(run.source)
+    x = model.embed(tokens)                       # [N, L, d]: calibration windows, then held-out windows
+    n_fit = preset.n_calib
+    float_x = x if not preset.sequential else None
+    done, report = {}, {}
+    bar = tqdm(total=len(run.names), desc=f"quantize {preset.name}", unit="tensor", dynamic_ncols=True)
+    last = max(int(n.split(".")[1]) for n in run.names)
+    for i, blk in enumerate(model.blocks[: last + 1]):
+        todo = [n for n in LINEARS if f"blk.{i}.{n}.weight" in run.names]
+        float_w = dict(blk.w)
+        if todo:
+            H, _ = hessian.collect(blk, x[:n_fit])
+            H_val, _ = hessian.collect(blk, x[n_fit:])
+        for short in todo:
+            name = f"blk.{i}.{short}.weight"
+            part = run.parts / f"{name}.npz"
+            bar.set_postfix_str(name)
+            if part.exists():
+                t, rep = _load_part(part)
+            else:
+                cfg = dataclasses.replace(preset.config_for(name), seed=run.seed)
+                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg).quantize()
+                W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
+                hv = H_val[hessian.INPUT_OF[short]]
+                rep = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, torch.zeros_like(W), hv),
+                       "rel_error_calib": proxy_loss(W, Wq, H[hessian.INPUT_OF[short]]) /
+                       proxy_loss(W, torch.zeros_like(W), H[hessian.INPUT_OF[short]]),
+                       "config": asdict(cfg)}
+                _save_part(part, t, rep)
+            done[name], report[name] = t, rep
+            blk.w[short] = torch.from_numpy(dequantize(t))
+            bar.update(1)
+        with torch.no_grad():
+            if preset.sequential:
+                x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+            else:  # Hessians of the next block from the float model
+                blk.w.update(float_w)
+                float_x = torch.cat([blk(float_x[s:s + 8]) for s in range(0, float_x.shape[0], 8)])
+                x = float_x
+    bar.close()
+    return done, report
+
+
+def _finetune(run: Run, done: dict[str, VQTensor]) -> SourceModel:
+    """End-to-end KL fine-tuning (finetune.py) on the calibration windows; returns the source with the tuned
+    norm weights, which the GGUF then carries."""
+    from .calib import calibration_tokens
+    from .finetune import finetune, kl_to_float
+    p = run.preset
+    tokens = calibration_tokens(run.source.path, run.calib, p.n_calib + p.n_heldout, p.seq_len, run.seed)
+    train, heldout = tokens[: p.n_calib], tokens[p.n_calib:]
+    before = kl_to_float(run.source, done, heldout)
+    norms = finetune(run.source, done, train, steps=p.finetune_steps, lr=p.finetune_lr,
+                     checkpoint=run.parts / "finetune.pt", seed=run.seed)
+    tuned = dataclasses.replace(run.source, tensors={**run.source.tensors, **norms})
+    after = kl_to_float(tuned, done, heldout)
+    print(f"[finetune] KL to the float model on held-out windows: {before:.4f} -> {after:.4f}", flush=True)
+    return tuned
+
+
+def _write_report(run: Run, report: dict, elapsed: float, peak_gib: float) -> None:
+    rows = sorted(((n, r) for n, r in report.items() if "rel_error_heldout" in r),
+                  key=lambda nr: -nr[1]["rel_error_heldout"])
+    data = {"preset": repr(run.preset), "seconds": elapsed, "peak_rss_gib": peak_gib,
+            "tensors": {n: r for n, r in rows}}
+    path = run.out.with_suffix(".report.json")
+    path.write_text(json.dumps(data, indent=1))
+    if rows:
+        mean = sum(r["rel_error_heldout"] for _, r in rows) / len(rows)
+        worst = ", ".join(f"{n} {r['rel_error_heldout']:.2%}" for n, r in rows[:5])
+        print(f"[quantize] output error on held-out windows: mean {mean:.2%}; worst: {worst}  ({path.name})", flush=True)
