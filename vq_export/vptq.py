@@ -168,6 +168,16 @@ class VPTQ:
     # --- driver -------------------------------------------------------------------------------------
 
     def quantize(self) -> VQTensor:
+        # thousands of small ops: one thread is faster than two that must meet at every op, and much faster
+        # when other processes hold the cores
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._quantize()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _quantize(self) -> VQTensor:
         cfg, P, v = self.cfg, self.P, self.cfg.v
         out_features, in_features = self.W.shape
         self._prepare()
