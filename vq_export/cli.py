@@ -105,7 +105,7 @@ def cmd_chat(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    """The README's main job: build, fetch the default model, quantize to ~2 bits, show size, chat."""
+    """The README's main job: build, fetch the default model, quantize to ~2 bits, show size, chat, compare."""
     from native.build import build
     build()
     args.model, args.out, args.v, args.k, args.k_res, args.only = "default", None, None, None, None, None
@@ -113,6 +113,11 @@ def cmd_demo(args) -> None:
     print(f"\n> {args.prompt}")
     args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, 2048, None, False
     cmd_chat(args)
+    from tools import compare
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    cp = argparse.ArgumentParser()
+    compare.add_arguments(cp)
+    compare.run(cp.parse_args(["--presets", args.preset, "--chunks", str(args.chunks), "--readme", str(readme)]))
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("demo", help="build, quantize the default model to ~2 bits, show its size, chat one prompt")
     add_quantize(p)
     add_sampling(p)
+    p.add_argument("--chunks", type=int, default=40, help="evaluation chunks of 512 tokens for the comparison")
     p.set_defaults(func=cmd_demo, prompt="What is the capital of France?")
 
     args = ap.parse_args(argv)
