@@ -37,10 +37,11 @@ OWN_FILES = {
     "ggml/ggml-vq.c": "ggml/src/ggml-vq.c",
     "ggml/vq-cpu.h": "ggml/src/ggml-cpu/vq-cpu.h",
     "ggml/vq-cpu.c": "ggml/src/ggml-cpu/vq-cpu.c",
+    "ggml/vq-cpu-cent.inc": "ggml/src/ggml-cpu/vq-cpu-cent.inc",
     "llama/llama-vq.h": "src/llama-vq.h",
     "llama/llama-vq.cpp": "src/llama-vq.cpp",
 }
-TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llama-bench", "llama-completion"]
+TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llama-bench", "llama-completion", "test-vq-matmul"]
 
 
 def home() -> Path:
