@@ -84,3 +84,32 @@ def test_deterministic_under_seed():
     a = VPTQ(W, H, VPTQConfig(v=4, k=16, seed=3)).quantize()
     b = VPTQ(W, H, VPTQConfig(v=4, k=16, seed=3)).quantize()
     assert (a.codes == b.codes).all() and (a.codebook == b.codebook).all()
+
+
+def test_column_groups_lower_error_and_use_their_own_codebook():
+    W, H = layer(seed=7)
+    W[:, 64:] *= 8                                              # two halves of very different scale
+    one, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    two, t, _ = loss(W, H, VPTQConfig(v=4, k=16, groups=2))
+    assert t.codebook.shape == (2, 16, 4) and two < 0.8 * one
+    assert np.abs(t.codebook[1]).max() > 4 * np.abs(t.codebook[0]).max()
+
+
+def test_normalization_lowers_error_on_uneven_rows_and_columns():
+    W, H = layer(seed=8)
+    g = torch.Generator().manual_seed(8)
+    W = W * torch.exp(torch.randn(64, 1, generator=g)) * torch.exp(torch.randn(1, 128, generator=g)) + 0.02
+    plain, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    rows, t_rows, q_rows = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True))
+    both, t_both, q_both = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True, col_norm=True))
+    assert t_rows.row_scale.shape == (64,) and t_both.col_norm.shape == (2, 128)
+    assert rows < plain and both < rows
+    assert q_both.loss == pytest.approx(both, rel=1e-4)         # the loss reported is the true one
+
+
+def test_everything_at_once_with_outliers_and_residual():
+    W, H = layer(seed=9)
+    cfg = VPTQConfig(v=4, k=16, k_res=4, groups=2, col_norm=True, row_scale=True, outlier_frac=0.03, k0=16)
+    err, t, _ = loss(W, H, cfg)
+    base, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    assert np.isfinite(dequantize(t)).all() and err < base

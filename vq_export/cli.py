@@ -42,10 +42,13 @@ def cmd_quantize(args) -> Path:
     from native.build import tree_dir
 
     preset = PRESETS[args.preset]
-    changes = {k: getattr(args, k) for k in ("v", "k", "k_res") if getattr(args, k) is not None}
+    changes = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
     if changes:
         cfg = dataclasses.replace(preset.config, **changes)
-        preset = dataclasses.replace(preset, name=f"{preset.method}-v{cfg.v}-k{cfg.k}-r{cfg.k_res}", config=cfg, overrides=())
+        preset = dataclasses.replace(preset, name=preset.name + "".join(f"-{k}-{v}" for k, v in changes.items()),
+                                     config=cfg, overrides=())
+    if args.independent:
+        preset = dataclasses.replace(preset, name=preset.name + "-independent", sequential=False)
     if args.calib_windows:
         preset = dataclasses.replace(preset, n_calib=args.calib_windows)
     if args.finetune_steps is not None:
@@ -130,12 +133,26 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
 
 
+# per-tensor settings a quantize flag may override: (flag, type, help); the preset's overrides then no longer apply
+CONFIG_FLAGS = {
+    "v": (int, "vector length"),
+    "k": (int, "codebook size"),
+    "k_res": (int, "residual codebook size, 0 for none"),
+    "groups": (int, "column groups, each with its own codebooks (vptq)"),
+    "outlier_frac": (float, "share of input columns with an outlier codebook (vptq)"),
+    "refit_rounds": (int, "codebook refit rounds, 0 for the paper's k-means codebooks (vptq)"),
+    "col_norm": (lambda s: s.lower() in ("1", "true", "yes"), "per-column scale and bias: true/false (vptq)"),
+    "row_scale": (lambda s: s.lower() in ("1", "true", "yes"), "per-output-channel scale: true/false (vptq)"),
+}
+
+
 def add_quantize(p: argparse.ArgumentParser) -> None:
     from .quantize import PRESETS
     p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
-    p.add_argument("--v", type=int, default=None, help="vector length (overrides the preset)")
-    p.add_argument("--k", type=int, default=None, help="codebook size (overrides the preset)")
-    p.add_argument("--k-res", type=int, default=None, help="residual codebook size, 0 for none (overrides the preset)")
+    for name, (typ, text) in CONFIG_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=text + " (overrides the preset)")
+    p.add_argument("--independent", action="store_true",
+                   help="Hessians of every block from the float model (the reference VPTQ), not from the quantized earlier blocks")
     p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="q8_0",
                    help="type of the tensors that are not block linears (token embedding, output)")
     p.add_argument("--quant-seed", type=int, default=0, help="seed of k-means and of the calibration windows")

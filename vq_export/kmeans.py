@@ -6,29 +6,33 @@ import torch
 CHUNK = 1 << 16  # rows of the distance matrix computed at once
 
 
-def nearest(X: torch.Tensor, C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index of the nearest centroid of each row of X, and the squared distance to it."""
+def nearest(X: torch.Tensor, C: torch.Tensor, lane_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of the nearest centroid of each row of X, and the squared distance to it; with lane_w [n, v] the
+    distance is Σ_e lane_w[i, e] (x_ie − c_e)²."""
     idx = torch.empty(X.shape[0], dtype=torch.long)
     dist = torch.empty(X.shape[0], dtype=X.dtype)
     c2 = (C * C).sum(1)
     for s in range(0, X.shape[0], CHUNK):
         x = X[s : s + CHUNK]
-        d = (x * x).sum(1, keepdim=True) - 2 * x @ C.T + c2
+        if lane_w is None:
+            d = (x * x).sum(1, keepdim=True) - 2 * x @ C.T + c2
+        else:
+            w = lane_w[s : s + CHUNK]
+            d = (w * x * x).sum(1, keepdim=True) - 2 * (w * x) @ C.T + w @ (C * C).T
         dist[s : s + CHUNK], idx[s : s + CHUNK] = d.min(1)
     return idx, dist.clamp_min_(0)
 
 
 def kmeans_pp(X: torch.Tensor, w: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
-    """k-means++ seeding with sample weights: each new centroid drawn with probability ∝ w·D²."""
+    """k-means++ seeding with lane weights w [n, v]: each new centroid drawn with probability ∝ the weighted D²."""
     n = X.shape[0]
     C = torch.empty(k, X.shape[1], dtype=X.dtype)
-    C[0] = X[torch.multinomial(w, 1, generator=gen)]
-    d = ((X - C[0]) ** 2).sum(1)
+    C[0] = X[torch.multinomial(w.sum(1), 1, generator=gen)]
+    d = (w * (X - C[0]) ** 2).sum(1)
     for i in range(1, k):
-        p = w * d
-        j = torch.multinomial(p, 1, generator=gen) if p.sum() > 0 else torch.randint(n, (1,), generator=gen)
+        j = torch.multinomial(d, 1, generator=gen) if d.sum() > 0 else torch.randint(n, (1,), generator=gen)
         C[i] = X[j]
-        d = torch.minimum(d, ((X - C[i]) ** 2).sum(1))
+        d = torch.minimum(d, (w * (X - C[i]) ** 2).sum(1))
     return C
 
 
@@ -36,33 +40,36 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
            seed: int = 0, tol: float = 1e-6, max_seed_points: int = 1 << 16) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted Lloyd iterations; returns (centroids [k, v], assignment [n]).
 
-    Minimises Σ_i w_i ‖x_i − c_{a(i)}‖². Seeding runs on at most max_seed_points rows (chosen by weight) to stay
+    Minimises Σ_i w_i ‖x_i − c_{a(i)}‖², or with lane weights [n, v] Σ_i Σ_e w_ie (x_ie − c_{a(i)e})². Seeding runs on at most max_seed_points rows (chosen by weight) to stay
     fast on large tensors. Empty clusters are re-seeded with the points that currently cost the most.
     """
     X = X.to(torch.float32)
     n = X.shape[0]
     w = torch.ones(n) if weights is None else weights.to(torch.float32).clamp_min(0)
     if w.sum() <= 0:
-        w = torch.ones(n)
+        w = torch.ones_like(w)
+    lane_w = w if w.dim() == 2 else None                # per-lane weights need the weighted distance
+    W = w if lane_w is not None else w[:, None].expand_as(X)
     gen = torch.Generator().manual_seed(seed)
     if n <= k:
         C = torch.cat([X, X[torch.randint(n, (k - n,), generator=gen)]]) if n < k else X.clone()
-        return C, nearest(X, C)[0]
-    sub = torch.multinomial(w, max_seed_points, replacement=False, generator=gen) if n > max_seed_points else torch.arange(n)
-    C = kmeans_pp(X[sub], w[sub], k, gen)
+        return C, nearest(X, C, lane_w)[0]
+    sub = torch.multinomial(W.sum(1), max_seed_points, replacement=False, generator=gen) if n > max_seed_points else torch.arange(n)
+    C = kmeans_pp(X[sub], W[sub], k, gen)
 
     prev = float("inf")
     for _ in range(iters):
-        idx, dist = nearest(X, C)
-        cost = float((w * dist).sum())
-        wsum = torch.zeros(k).index_add_(0, idx, w)
-        C_new = torch.zeros_like(C).index_add_(0, idx, X * w[:, None]) / wsum.clamp_min(1e-30)[:, None]
-        empty = (wsum <= 0).nonzero().flatten()
+        idx, dist = nearest(X, C, lane_w)
+        cost_i = dist if lane_w is not None else w * dist
+        cost = float(cost_i.sum())
+        wsum = torch.zeros(k, X.shape[1]).index_add_(0, idx, W)
+        C_new = torch.zeros_like(C).index_add_(0, idx, X * W) / wsum.clamp_min(1e-30)
+        empty = (wsum.sum(1) <= 0).nonzero().flatten()
         if len(empty):
-            worst = torch.topk(w * dist, len(empty)).indices
+            worst = torch.topk(cost_i, len(empty)).indices
             C_new[empty] = X[worst]
         C = C_new
         if prev - cost <= tol * max(prev, 1e-30):
             break
         prev = cost
-    return C, nearest(X, C)[0]
+    return C, nearest(X, C, lane_w)[0]

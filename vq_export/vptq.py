@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .kmeans import kmeans, nearest
+from .reference import dequantize
 from .vqtensor import VQTensor
 
 
@@ -29,6 +30,9 @@ class VPTQConfig:
     block: int = 128             # columns per lazy-update block
     kmeans_iters: int = 30
     refit_rounds: int = 2        # codebook refit + re-assignment rounds (0: the paper's fixed k-means codebook)
+    groups: int = 1              # column groups, each with its own codebooks (stored columns j·G/in)
+    col_norm: bool = False       # per-column scale and bias: codebooks see (w − t_j)/s_j (the paper's normalization)
+    row_scale: bool = False      # per-output-channel scale: codebooks see rows of equal RMS
     seed: int = 0
 
     @property
@@ -55,30 +59,55 @@ def proxy_loss(W: torch.Tensor, Wq: torch.Tensor, H: torch.Tensor) -> float:
 
 
 class VPTQ:
-    """Quantizes one weight. Usage: VPTQ(W, H, cfg).quantize() -> VQTensor."""
+    """Quantizes one weight. Usage: VPTQ(W, H, cfg).quantize() -> VQTensor.
+
+    With col_norm / row_scale the codebooks quantize Wn, where W = u ⊙rows (Wn ⊙cols s + t) (format.md §5).
+    The column scaling moves into the Hessian (H' = S H S) and the row scale into lane weights u² of every
+    distance, k-means and refit, so each step still minimises the true output error.
+    """
 
     def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VPTQConfig):
-        self.W = torch.as_tensor(W, dtype=torch.float32).clone()
-        self.H = torch.as_tensor(H, dtype=torch.float64).clone()
+        self.W0 = torch.as_tensor(W, dtype=torch.float32).clone()
+        self.H0 = torch.as_tensor(H, dtype=torch.float64).clone()
         self.cfg = cfg
-        out_features, in_features = self.W.shape
+        out_features, in_features = self.W0.shape
         if out_features % cfg.v or (cfg.outlier_frac and out_features % cfg.v0):
             raise ValueError(f"vector lengths {cfg.v}/{cfg.v0} do not divide {out_features} output channels")
+        if in_features % cfg.groups:
+            raise ValueError(f"{cfg.groups} column groups do not divide {in_features} input columns")
         self.P = out_features // cfg.v
+        self.group = torch.arange(in_features) // (in_features // cfg.groups)   # per original column
 
-    # --- Hessian preparation ------------------------------------------------------------------------
+    # --- normalization and Hessian preparation ------------------------------------------------------
 
     def _prepare(self) -> None:
-        H, W = self.H, self.W
+        cfg = self.cfg
+        W, H = self.W0.clone(), self.H0.clone()
         dead = torch.diag(H) == 0
         H[dead, dead] = 1
         W[:, dead] = 0
+        self.u = self.s = self.t = self.lanes = None
+        if cfg.row_scale:
+            self.u = W.pow(2).mean(1).sqrt()
+            self.u[self.u == 0] = 1
+            W = W / self.u[:, None]
+            self.lanes = self.u ** 2                                 # [out]: the weight of each row's error
+        if cfg.col_norm:
+            self.t = W.mean(0)
+            self.s = W.std(0, unbiased=False)
+            self.s[self.s == 0] = 1
+            W = (W - self.t) / self.s
+            H = H * (self.s.double()[:, None] * self.s.double()[None, :])
+        self.W, self.H = W, H
         self.diag = torch.diag(H).clone()
-        H = H + self.cfg.damp * self.diag.mean() * torch.eye(H.shape[0], dtype=H.dtype)  # self.H stays undamped
-        self.perm = torch.argsort(self.diag, descending=True) if self.cfg.act_order else torch.arange(H.shape[0])
+        H = H + cfg.damp * self.diag.mean() * torch.eye(H.shape[0], dtype=H.dtype)  # self.H stays undamped
+        self.perm = torch.argsort(self.diag, descending=True) if cfg.act_order else torch.arange(H.shape[0])
         L = torch.linalg.cholesky(H[self.perm][:, self.perm])
         self.U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True).to(torch.float32)  # upper factor of H⁻¹
         self.Hp = self.H[self.perm][:, self.perm]                    # undamped: the loss the refit minimises
+        self.gp = self.group[self.perm]                              # group of each permuted column
+        # an outlier codebook value o stands for o / s_j in Wn's terms
+        self.ounit = (1 / self.s[self.perm]) if self.s is not None else torch.ones(H.shape[0])
 
     # --- codebooks ----------------------------------------------------------------------------------
 
@@ -86,8 +115,26 @@ class VPTQ:
         """[out, n] -> [n*P, v], vector (column j, vector row p) at row j*P + p."""
         return Wp.T.reshape(-1, v)
 
-    def _column_weights(self, v: int, n_cols: int, P: int) -> torch.Tensor:
-        return self.diag[self.perm][:n_cols].repeat_interleave(P).to(torch.float32)
+    def _weights(self, cols: torch.Tensor, v: int) -> torch.Tensor:
+        """k-means weights of the vectors of permuted columns `cols` (as _vectors orders them): the column's
+        Hessian diagonal, times the lanes' row weights with row_scale ([n, v] then)."""
+        P = self.W.shape[0] // v
+        w = self.diag[self.perm][cols].to(torch.float32).repeat_interleave(P)
+        return w if self.lanes is None else w[:, None] * self._lane_w(v).repeat(len(cols), 1)
+
+    def _lane_w(self, v: int) -> torch.Tensor | None:
+        """[out/v, v] row weights of one column's vectors (None without row_scale)."""
+        return None if self.lanes is None else self.lanes.view(-1, v).to(torch.float32)
+
+    def _grouped_kmeans(self, Wp: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+        """[G, k, v] codebooks, each Hessian-weighted k-means over its group's columns, rounded to F16."""
+        cfg = self.cfg
+        books = []
+        for g in range(cfg.groups):
+            cols = (self.gp == g).nonzero().flatten()
+            X = self._vectors(Wp[:, cols], cfg.v)
+            books.append(kmeans(X, k, self._weights(cols, cfg.v), iters=cfg.kmeans_iters, seed=seed + 16 * g)[0])
+        return f16(torch.stack(books))
 
     # --- the second-order assignment loop -----------------------------------------------------------
 
@@ -102,27 +149,29 @@ class VPTQ:
         codes = torch.zeros(P, n, dtype=torch.long)
         rcodes = torch.zeros(P, n, dtype=torch.long) if R is not None else None
         ocodes = torch.zeros(n_out, Wp.shape[0] // cfg.v0, dtype=torch.long) if O is not None else None
-        U = self.U
+        U, lw, lw0 = self.U, self._lane_w(v), self._lane_w(cfg.v0)
         for i1 in range(0, n, cfg.block):
             i2 = min(i1 + cfg.block, n)
             W1 = Wp[:, i1:i2].clone()
             E1 = torch.zeros_like(W1)
             for j in range(i2 - i1):
                 col = i1 + j
+                g = int(self.gp[col])
                 w = W1[:, j]
                 target[:, col] = w
                 x = w.view(P, v)
-                c, _ = nearest(x, C)
-                q = C[c]
+                c, _ = nearest(x, C[g], lw)
+                q = C[g][c]
                 codes[:, col] = c
                 if R is not None:
-                    r, _ = nearest(x - q, R)
-                    q = q + R[r]
+                    r, _ = nearest(x - q, R[g], lw)
+                    q = q + R[g][r]
                     rcodes[:, col] = r
                 q = q.reshape(-1)
                 if O is not None and col < n_out:
-                    o, _ = nearest((w - q).view(-1, cfg.v0), O)
-                    q = q + O[o].reshape(-1)
+                    unit = self.ounit[col]
+                    o, _ = nearest(((w - q) / unit).view(-1, cfg.v0), O, lw0)
+                    q = q + O[o].reshape(-1) * unit
                     ocodes[col] = o
                 Q[:, col] = q
                 e = (w - q) / U[col, col]
@@ -137,33 +186,43 @@ class VPTQ:
                Qout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Codebooks minimising tr((W − Ŵ) H (W − Ŵ)ᵀ) for fixed codes, in closed form.
 
-        Ŵ is linear in the stacked codebook Z = [C; R] (K rows, v lanes): Ŵ[p·v+e, j] = Z[a(p, j), e] + Z[b(p, j), e].
-        With A_p the one-hot of row p's codes ([n, K]), the normal equations are (Σ_p A_pᵀ H A_p) Z = Σ_p A_pᵀ H Wᵀ_p,
-        the same K×K matrix for every lane. Unused entries are held at their old value by a small ridge.
+        Ŵ is linear in the stacked codebooks Z = [C_0..C_G-1; R_0..R_G-1] (K rows, v lanes):
+        Ŵ[p·v+e, j] = Z[a(p, j), e] + Z[b(p, j), e]. With A_p the one-hot of row p's codes ([n, K]), the normal
+        equations of lane e are (Σ_p λ_pe A_pᵀ H A_p) Z_e = Σ_p λ_pe A_pᵀ H W_(p·v+e)ᵀ, λ the row weights (1 without
+        row_scale). Unused entries are held at their old value by a small ridge.
         """
-        v, P = self.cfg.v, self.P
+        v, P, G = self.cfg.v, self.P, self.cfg.groups
         H = self.Hp.to(torch.float32)
-        K1 = C.shape[0]
-        Z0 = torch.cat([C, R]) if R is not None else C
+        K1 = C.shape[1]
+        Z0 = torch.cat([C.reshape(-1, v)] + ([R.reshape(-1, v)] if R is not None else []))
         K = Z0.shape[0]
-        idx = [codes] + ([rcodes + K1] if rcodes is not None else [])
+        idx = [codes + K1 * self.gp[None, :]]
+        if rcodes is not None:
+            idx.append(rcodes + G * K1 + R.shape[1] * self.gp[None, :])
         Wp = self.W[:, self.perm] - Qout                                # what the codebooks must represent
         HW = Wp @ H                                                     # [out, n]
-        M = torch.zeros(K, K)
+        lam_pe = torch.ones(P, v) if self.lanes is None else self._lane_w(v)
+        M = torch.zeros(v, K, K)
         B = torch.zeros(K, v)
         n = H.shape[0]
+        Mp = torch.zeros(K, K)
         for p in range(P):
             AtH = torch.zeros(K, n)                                     # A_pᵀ H, by rows (H is symmetric)
             for a in idx:
                 AtH.index_add_(0, a[p], H)
-                B.index_add_(0, a[p], HW[p * v:(p + 1) * v].T)
+                B.index_add_(0, a[p], HW[p * v:(p + 1) * v].T * lam_pe[p])
+            Mp.zero_()
             for a in idx:
-                M.index_add_(1, a[p], AtH)                              # (A_pᵀ H) A_p
+                Mp.index_add_(1, a[p], AtH)                             # (A_pᵀ H) A_p
+            M += lam_pe[p][:, None, None] * Mp
         M, B = M.to(torch.float64), B.to(torch.float64)
-        lam = 1e-6 * float(torch.diag(M).mean()) + 1e-12
-        Z = torch.linalg.solve(M + lam * torch.eye(K, dtype=M.dtype), B + lam * Z0.to(torch.float64))
+        Z = torch.empty(K, v, dtype=torch.float64)
+        for e in range(v):
+            lam = 1e-6 * float(torch.diag(M[e]).mean()) + 1e-12
+            Z[:, e] = torch.linalg.solve(M[e] + lam * torch.eye(K, dtype=M.dtype), B[:, e] + lam * Z0[:, e].to(torch.float64))
         Z = f16(Z.to(torch.float32))
-        return (Z[:K1], Z[K1:]) if R is not None else (Z, None)
+        C = Z[:G * K1].reshape(G, K1, v)
+        return (C, Z[G * K1:].reshape(G, -1, v)) if R is not None else (C, None)
 
     # --- driver -------------------------------------------------------------------------------------
 
@@ -179,50 +238,50 @@ class VPTQ:
 
     def _quantize(self) -> VQTensor:
         cfg, P, v = self.cfg, self.P, self.cfg.v
-        out_features, in_features = self.W.shape
+        out_features, in_features = self.W0.shape
         self._prepare()
         Wp = self.W[:, self.perm]
         n_out = int(round(cfg.outlier_frac * in_features))
 
-        weights = self._column_weights(v, in_features, P)
-        C = f16(kmeans(self._vectors(Wp, v), cfg.k, weights, iters=cfg.kmeans_iters, seed=cfg.seed)[0])
+        C = self._grouped_kmeans(Wp, cfg.k, cfg.seed)
         R = O = None
         if n_out:
-            first = C[nearest(self._vectors(Wp, v), C)[0]].reshape(in_features, out_features).T
-            err = (Wp - first)[:, :n_out]
-            O = f16(kmeans(self._vectors(err, cfg.v0), cfg.k0, self._column_weights(cfg.v0, n_out, out_features // cfg.v0),
+            first = torch.stack([C[self.gp[j]][nearest(Wp[:, j].view(P, v), C[self.gp[j]], self._lane_w(v))[0]].reshape(-1)
+                                 for j in range(n_out)], 1)
+            err = (Wp[:, :n_out] - first) / self.ounit[:n_out]
+            O = f16(kmeans(self._vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out), cfg.v0),
                            iters=cfg.kmeans_iters, seed=cfg.seed + 2)[0])
         codes, rcodes, ocodes, Q, target = self._assign(C, None, O, n_out)
         if cfg.k_res:
-            R = f16(kmeans(self._vectors(target - Q, v), cfg.k_res, weights, iters=cfg.kmeans_iters, seed=cfg.seed + 1)[0])
+            R = self._grouped_kmeans(target - Q, cfg.k_res, cfg.seed + 1)
             codes, rcodes, ocodes, Q, target = self._assign(C, R, O, n_out)
         for _ in range(cfg.refit_rounds):
             Qout = self._outlier_part(ocodes, O, n_out)
             C, R = self._refit(codes, rcodes, C, R, Qout)
             codes, rcodes, ocodes, Q, target = self._assign(C, R, O, n_out)
-        self.loss = proxy_loss(self.W, self._unpermute(Q), self.H)
-        return self._tensor(codes, rcodes, ocodes, C, R, O, n_out)
+        t = self._tensor(codes, rcodes, ocodes, C, R, O, n_out)
+        self.loss = proxy_loss(self.W0, torch.from_numpy(dequantize(t)), self.H0)
+        return t
 
     def _outlier_part(self, ocodes, O, n_out) -> torch.Tensor:
-        """The outlier codebook's contribution to the permuted weight (zero without outliers)."""
+        """The outlier codebook's contribution to the permuted normalized weight (zero without outliers)."""
         out = torch.zeros_like(self.W)
         if O is not None:
-            out[:, :n_out] = O[ocodes].reshape(n_out, -1).T
+            out[:, :n_out] = O[ocodes].reshape(n_out, -1).T * self.ounit[:n_out]
         return out
 
-    def _unpermute(self, Qp: torch.Tensor) -> torch.Tensor:
-        Q = torch.empty_like(Qp)
-        Q[:, self.perm] = Qp
-        return Q
-
     def _tensor(self, codes, rcodes, ocodes, C, R, O, n_out) -> VQTensor:
-        """Store the codes in the original column order (the permutation is absorbed: one codebook group)."""
+        """Store the codes in the original column order (the permutation is absorbed)."""
         inv = torch.argsort(self.perm)
-        t = VQTensor(shape=tuple(self.W.shape), codes=codes[:, inv].numpy().astype(np.uint32),
-                     codebook=C.to(torch.float16).numpy()[None])
+        t = VQTensor(shape=tuple(self.W0.shape), codes=codes[:, inv].numpy().astype(np.uint32),
+                     codebook=C.to(torch.float16).numpy())
         if R is not None:
             t.res_codes = rcodes[:, inv].numpy().astype(np.uint32)
-            t.res_codebook = R.to(torch.float16).numpy()[None]
+            t.res_codebook = R.to(torch.float16).numpy()
+        if self.s is not None:
+            t.col_norm = torch.stack([self.s, self.t]).numpy().astype(np.float32)
+        if self.u is not None:
+            t.row_scale = self.u.numpy().astype(np.float32)
         if O is not None:
             t.outlier_cols = self.perm[:n_out].numpy().astype(np.int32)
             t.outlier_idx = ocodes.numpy().astype(np.int16)
