@@ -68,8 +68,9 @@ class Preset:
 PRESETS = {
     "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
     "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256)),
-    "3bit": Preset("3bit", "vptq", VPTQConfig(v=4, k=256, k_res=16)),
-    "4bit": Preset("4bit", "vptq", VPTQConfig(v=4, k=256, k_res=256)),
+    # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
+    "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64)),
+    "4bit": Preset("4bit", "vptq", VPTQConfig(v=2, k=256)),
 }
 
 
