@@ -1,0 +1,74 @@
+"""Compare VPTQ settings on single real weights, in seconds instead of a whole-model run.
+
+    python -m tools.layer_proxy --tensors blk.3.ffn_down blk.5.attn_v --configs v=4,k=256 v=4,k=256,row_scale=1 v=2,k=64
+
+For each tensor: the block's input Hessians from calibration windows pushed through the float model (the
+`--independent` way), then every config quantized with VPTQ and scored on held-out windows by the relative
+layer-output error ‖(W − Ŵ)Xᵀ‖² / ‖WXᵀ‖² (what `vq-gguf quantize` reports per tensor), with its bits per
+weight counted like the file's (indices, codebooks, side tensors) and its time.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+
+from native.build import home
+from vq_export import hessian, source
+from vq_export.calib import DEFAULT_CALIB, calibration_tokens
+from vq_export.default_model import fetch
+from vq_export.model import Llama
+from vq_export.reference import dequantize
+from vq_export.vptq import VPTQ, VPTQConfig, proxy_loss
+
+
+def parse_config(text: str) -> VPTQConfig:
+    """'v=4,k=256,row_scale=1' -> VPTQConfig, each value converted to the field's type."""
+    types = {f.name: f.type for f in dataclasses.fields(VPTQConfig)}
+    kw = {}
+    for item in text.split(","):
+        key, value = item.split("=")
+        if key not in types:
+            raise SystemExit(f"unknown setting {key!r}; VPTQConfig has {', '.join(types)}")
+        kw[key] = value.lower() in ("1", "true") if types[key] == "bool" else float(value) if types[key] == "float" else int(value)
+    return VPTQConfig(**kw)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="GGUF source (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--tensors", nargs="+", required=True, help="blk.N.NAME, e.g. blk.3.ffn_down")
+    ap.add_argument("--configs", nargs="+", required=True, help="comma-separated VPTQConfig settings")
+    ap.add_argument("--calib-windows", type=int, default=32)
+    ap.add_argument("--heldout-windows", type=int, default=4)
+    args = ap.parse_args(argv)
+
+    configs = [(c, parse_config(c)) for c in args.configs]
+    src = source.load(args.model or fetch(home()))
+    wanted = {(int(t.split(".")[1]), t.split(".")[2]) for t in args.tensors}
+    tokens = calibration_tokens(src.path, [DEFAULT_CALIB], args.calib_windows + args.heldout_windows, 512)
+    model = Llama(src)
+    x = model.embed(tokens)
+    n = args.calib_windows
+    print("| tensor | config | held-out error | bpw | seconds |\n| --- | --- | ---: | ---: | ---: |")
+    for i, blk in enumerate(model.blocks[: max(b for b, _ in wanted) + 1]):
+        names = [s for b, s in sorted(wanted) if b == i]
+        if names:
+            H, _ = hessian.collect(blk, x[:n])
+            Hv, _ = hessian.collect(blk, x[n:])
+        for short in names:
+            W, h = blk.w[short], hessian.INPUT_OF[short]
+            for text, cfg in configs:
+                start = time.time()
+                t = VPTQ(W, H[h], cfg).quantize()
+                err = proxy_loss(W, torch.from_numpy(dequantize(t)), Hv[h]) / proxy_loss(W, torch.zeros_like(W), Hv[h])
+                bits = 8 * sum(a.nbytes for _, a, _ in t.gguf_tensors("blk.0.w.weight")) / W.numel()
+                print(f"| blk.{i}.{short} | {text} | {err:.2%} | {bits:.3f} | {time.time() - start:.0f} |", flush=True)
+        with torch.no_grad():
+            x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+
+
+if __name__ == "__main__":
+    main()

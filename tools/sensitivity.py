@@ -1,0 +1,46 @@
+"""Which tensors of a VQ file hurt the model most: the KL-divergence from the float model when only one kind of
+block linear (attn_q, ..., ffn_down) is taken from the file and every other weight stays float.
+
+    python -m tools.sensitivity FILE.vq.gguf [--kinds attn_k ffn_down] [--windows 4]
+
+The source is the default model (or --model); KL is per token, on held-out calibration windows (the same draw
+`vq-gguf quantize` holds out). The kinds' KLs roughly add up to the whole file's: a guide for spending bits.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from gguf import GGUFReader
+
+from native.build import home
+from vq_export import ggml_vq, source
+from vq_export.calib import DEFAULT_CALIB, calibration_tokens
+from vq_export.default_model import fetch
+from vq_export.finetune import kl_to_float
+from vq_export.model import LINEARS
+from vq_export.vqtensor import VQTensor
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file")
+    ap.add_argument("--model", default=None, help="the float source of FILE (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--kinds", nargs="*", default=list(LINEARS))
+    ap.add_argument("--windows", type=int, default=4, help="held-out windows of 512 tokens")
+    args = ap.parse_args(argv)
+
+    src = source.load(args.model or fetch(home()))
+    tensors = {t.name: t for t in GGUFReader(args.file).tensors}
+    vq = {n: VQTensor.from_gguf(n, tensors) for n in src.linear_names()
+          if n in tensors and ggml_vq.is_vq(int(tensors[n].tensor_type))}
+    tokens = calibration_tokens(src.path, [DEFAULT_CALIB], 32 + args.windows, 512)[32:]
+    print("| kind | tensors | KL per token | seconds |\n| --- | ---: | ---: | ---: |")
+    for kind in ["all"] + args.kinds:
+        part = {n: t for n, t in vq.items() if kind == "all" or f".{kind}." in n}
+        start = time.time()
+        print(f"| {kind} | {len(part)} | {kl_to_float(src, part, tokens):.4f} | {time.time() - start:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
