@@ -28,12 +28,13 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from native.build import REPO, home, tree_dir
+from native.build import REPO, bin_dir, home, tree_dir
+from native.build import sha256 as content_hash
 from vq_export import bpw, ggml_vq, gguf_writer, source
 from vq_export.source import LINEAR_RE
 
 from . import environment, llamacpp, report
-from .steps import Steps, content_hash, digest, identity, write_json
+from .steps import Steps, digest, identity, write_json
 
 DEFAULT_LLAMA_TYPES = ["Q2_K", "Q3_K_S", "Q4_K_M", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"]
 DEFAULT_PRESETS = ["2bit", "3bit", "4bit"]
@@ -334,6 +335,7 @@ def measure(s: dict, float_path: Path, steps: Steps, results: dict) -> None:
     """Step 4: quality of every file against the float logits, then speed (all speed runs close together,
     so that they share the machine's conditions)."""
     base = Path(s["out"]) / "float-logits.kld"
+    build = identity(bin_dir())   # a rebuilt llama.cpp (new kernels) measures every file again
     key = {"float": identity(float_path), "eval": content_hash(Path(s["eval"])), "ctx": s["ctx"], "chunks": s["chunks"]}
     results["reference_logits"] = steps.run("float logits", "logits", key,
                                             lambda: reference_logits(s, float_path, base, log_file(s, "float logits")),
@@ -341,12 +343,12 @@ def measure(s: dict, float_path: Path, steps: Steps, results: dict) -> None:
     names = {f["path"]: ("float reference" if f["kind"] == "float" else Path(f["path"]).name) for f in results["files"]}
     for f in results["files"]:
         path, name = Path(f["path"]), f"evaluate {names[f['path']]}"
-        f["quality"] = steps.run(name, "evaluate", {"file": identity(path), "base": identity(base)},
+        f["quality"] = steps.run(name, "evaluate", {"file": identity(path), "base": identity(base), "build": build},
                                  lambda: evaluate(s, path, base, log_file(s, name)))
     results["chunks_evaluated"] = results["files"][0]["quality"]["chunks"]
     for f in results["files"]:
         path, name = Path(f["path"]), f"bench {names[f['path']]}"
-        key = {"file": identity(path), **{k: s[k] for k in ("threads", "bench_prompt", "bench_gen", "bench_reps")}}
+        key = {"file": identity(path), "build": build, **{k: s[k] for k in ("threads", "bench_prompt", "bench_gen", "bench_reps")}}
         f["speed"] = steps.run(name, "bench", key, lambda: bench(s, path, log_file(s, name)))
 
 

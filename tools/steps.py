@@ -31,14 +31,6 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def content_hash(path: Path) -> str:
-    """sha256 of a (text) file: calibration and evaluation texts are keyed by content, wherever they live."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def write_json(path: Path, data: Any) -> None:
     """Write to a temporary file, then rename: a crash never leaves a half-written file under `path`."""
