@@ -6,6 +6,7 @@ engine). It is built without the web UI (which upstream downloads at build time)
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,6 +95,7 @@ class Server:
 def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None) -> None:
     """Start the server, say where it listens, and keep it in the foreground until Ctrl-C or until it exits."""
     from native.build import home
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` too stops llama-server, through the finally below
     server = Server(model, home() / "logs" / f"llama-server-{port}.log", host=host, port=port, n_ctx=n_ctx,
                     threads=threads)
     try:

@@ -2,12 +2,13 @@
 exported bundle. Each must give, for the same chat and greedy decoding, the same answer as our own
 `vq-gguf chat` (the reference below), and the bundle must reject files that do not match its manifest.
 
-Needs `vq-gguf build --server` (make test runs it).
+Needs `vq-gguf build --server` (make test runs it; the serve command would build it too).
 """
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,6 @@ import pytest
 
 from native.build import REPO, bin_dir, tree_dir
 from native.wheel import build_wheel, check
-from runtime.server import Server
 from vq_export import bundle
 from vq_export.bpw import count
 
@@ -50,10 +50,33 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(ffn_down_file, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "llama-server.log"
-    with Server(ffn_down_file, log, port=free_port(), threads=THREADS) as s:
-        yield s
+def served(ffn_down_file):
+    """`vq-gguf serve` running in the background: (its process, the endpoint it printed, its port)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vq_export.cli", "serve", str(ffn_down_file), "--port", str(port),
+                             "--threads", str(THREADS)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if "OpenAI-compatible endpoint:" in line:
+            break
+    else:
+        pytest.fail(f"vq-gguf serve exited with {proc.wait()} before serving:\n{''.join(printed)}")
+    yield proc, line.split("endpoint:")[1].split()[0], port
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+
+
+@pytest.fixture(scope="module")
+def url(served) -> str:
+    return served[1]
+
+
+# cache_prompt off: a server that kept the previous request's prompt re-decodes only its last token, through
+# the one-token kernels instead of the prompt ones; they round differently, which can flip a nearly tied
+# greedy choice (it does on this 2-bit file). Every request then decodes its prompt as `vq-gguf chat` does.
+REQUEST = {"messages": MESSAGES, "temperature": 0, "max_tokens": N_TOKENS, "seed": 0, "cache_prompt": False}
 
 
 def post(url: str, body: dict):
@@ -61,14 +84,13 @@ def post(url: str, body: dict):
     return urllib.request.urlopen(req, timeout=300)
 
 
-def test_server_listens_on_loopback_only(server):
-    assert server.url.startswith("http://127.0.0.1:")
-    assert server.cmd[server.cmd.index("--host") + 1] == "127.0.0.1"
+def test_serve_prints_a_loopback_endpoint(served):
+    _, url, port = served
+    assert url == f"http://127.0.0.1:{port}/v1"
 
 
-def test_server_chat_completion(server, reference):
-    with post(f"{server.url}/chat/completions", {"messages": MESSAGES, "temperature": 0, "max_tokens": N_TOKENS,
-                                                 "seed": 0}) as r:
+def test_server_chat_completion(url, reference):
+    with post(f"{url}/chat/completions", REQUEST) as r:
         answer = json.load(r)
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["role"] == "assistant"
@@ -76,10 +98,9 @@ def test_server_chat_completion(server, reference):
     assert answer["usage"]["completion_tokens"] <= N_TOKENS
 
 
-def test_server_streaming_completion(server, reference):
+def test_server_streaming_completion(url, reference):
     pieces, done = [], False
-    with post(f"{server.url}/chat/completions", {"messages": MESSAGES, "temperature": 0, "max_tokens": N_TOKENS,
-                                                 "seed": 0, "stream": True}) as r:
+    with post(f"{url}/chat/completions", {**REQUEST, "stream": True}) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         for line in r:
             line = line.decode().strip()
@@ -94,9 +115,18 @@ def test_server_streaming_completion(server, reference):
     assert "".join(pieces) == reference
 
 
-def test_server_refuses_a_missing_model(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        Server(tmp_path / "missing.gguf", tmp_path / "log")
+def test_serve_stops_on_ctrl_c(served, ffn_down_file):
+    proc, url, port = served
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # llama-server went with it
+
+
+def test_serve_refuses_a_missing_model(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vq_export.cli", "serve", str(tmp_path / "missing.gguf")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "missing.gguf does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # --- llama-cpp-python ------------------------------------------------------------------------------------

@@ -111,7 +111,9 @@ def cmd_chat(args) -> None:
 def cmd_serve(args) -> None:
     from native.build import build
     from runtime.server import run
-    build(server=True)
+    if not Path(args.file).is_file():
+        raise FileNotFoundError(f"model file {args.file} does not exist")
+    build(server=True)  # a no-op when llama-server is built and up to date
     run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads)
 
 
