@@ -10,5 +10,5 @@ demo: setup
 	vq-gguf demo
 
 test: setup
-	vq-gguf build
+	vq-gguf build --server
 	$(PY) -m pytest -q

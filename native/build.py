@@ -132,7 +132,9 @@ def cmake_build(tree: Path, server: bool, jobs: int) -> None:
         log(f"the build folder was configured from another checkout; reconfiguring it for {REPO}")
         cache.unlink()
         shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
-    if not cache.exists() or f"VQ_BUILD_SERVER:BOOL={'ON' if server else 'OFF'}" not in cache.read_text():
+    # once configured with the server, stay so: a build without --server then only skips its target
+    server_configured = cache.exists() and "VQ_BUILD_SERVER:BOOL=ON" in cache.read_text()
+    if not cache.exists() or (server and not server_configured):
         log("configuring")
         subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                         f"-DVQ_LLAMA_SOURCE_DIR={tree}", f"-DVQ_BUILD_SERVER={'ON' if server else 'OFF'}",

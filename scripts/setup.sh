@@ -4,18 +4,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+apt_install() {
+    echo "[setup] installing $*"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+
 missing=()
-for tool in cmake ninja ccache patch g++; do
+for tool in cmake ninja ccache patch g++ readelf; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "[setup] installing build tools (missing: ${missing[*]})"
-    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq cmake ninja-build ccache patch build-essential >/dev/null
+    echo "[setup] missing build tools: ${missing[*]}"
+    apt_install cmake ninja-build ccache patch build-essential
 fi
 
 PY=${PY:-python3}
+# venv with pip: the llama-cpp-python test installs a wheel into a fresh virtual environment
+if ! $PY -c "import ensurepip, venv" 2>/dev/null; then
+    apt_install python3-venv
+fi
 if ! $PY -c "import torch" 2>/dev/null; then
     echo "[setup] installing torch (CPU build)"
     $PY -m pip install -q torch==2.13.0

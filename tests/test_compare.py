@@ -18,7 +18,7 @@ from gguf.quants import quantize
 
 from tests.conftest import DATA, EVAL_TEXT
 from tools import compare, llamacpp, report
-from vq_export import cli
+from vq_export import bundle, cli
 
 CALIB = DATA / "calib" / "austen-prideprejudice.txt"
 FAST_PRESET = "kmeans-2bit"  # plain k-means, no calibration pass: seconds per tensor with the flags below
@@ -172,6 +172,17 @@ def test_readme_section_is_replaced(tmp_path, folder, results):
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="markers"):
         report.update_readme(readme, results, folder / "only-ffn_down")
+
+
+def test_export_model_card_carries_the_measured_figures(tmp_path, folder, results):
+    md = (folder / "only-ffn_down" / "results.md").read_text()
+    vq = results["files"][-1]
+    vq_row = next(line for line in md.splitlines() if line.startswith(f"| {report.label(vq)} |"))
+    out = bundle.export(Path(vq["path"]), tmp_path / "out", results=folder / "only-ffn_down" / "results.json")
+    card = (out / "README.md").read_text()
+    assert vq_row in card and results["command"] in card
+    others = [report.label(f) for f in results["files"] if f["kind"] == "llama.cpp"]
+    assert not any(line.startswith(f"| {label} |") for label in others for line in card.splitlines())
 
 
 def test_pareto_front():

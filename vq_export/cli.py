@@ -4,6 +4,10 @@
     vq-gguf quantize --preset 2bit     quantize the default model (or --model PATH)
     vq-gguf inspect FILE               tensor types, VQ geometry, bits per weight counted from the file
     vq-gguf chat FILE --prompt "..."   chat one prompt (or interactively without --prompt)
+    vq-gguf serve FILE                 llama-server on FILE: an OpenAI-compatible API on 127.0.0.1:8080
+    vq-gguf export FILE --out DIR      FILE with its model card and manifest (--bundle: + libraries, C example)
+    vq-gguf verify DIR                 check an exported folder against its manifest
+    vq-gguf wheel                      a llama-cpp-python wheel of the patched llama.cpp
     vq-gguf demo                       all of the above on the default model
 """
 from __future__ import annotations
@@ -107,6 +111,46 @@ def cmd_chat(args) -> None:
         sampler=SamplerConfig(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed))
 
 
+def cmd_serve(args) -> None:
+    from native.build import build
+    from runtime.server import run
+    if not Path(args.file).is_file():
+        raise FileNotFoundError(f"model file {args.file} does not exist")
+    build(server=True)  # a no-op when llama-server is built and up to date
+    run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads)
+
+
+def cmd_export(args) -> None:
+    from .bundle import export
+    if args.bundle:
+        from native.build import build
+        build()
+    out = Path(args.out) if args.out else Path(args.file).with_suffix("")
+    print(export(Path(args.file), out, bundle=args.bundle, archive=args.archive,
+                 results=Path(args.results) if args.results else None))
+
+
+def cmd_verify(args) -> None:
+    from .bundle import BundleError, verify
+    try:
+        manifest = verify(Path(args.path))
+    except BundleError as e:
+        sys.exit(f"vq-gguf verify: {e}")
+    print(f"{args.path}: all {len(manifest['files'])} files match manifest.json")
+
+
+def cmd_wheel(args) -> None:
+    from native.build import home
+    from native.wheel import build_wheel, check
+    wheel = build_wheel(Path(args.out) if args.out else home() / "wheels", python_only=args.python_only, jobs=args.jobs)
+    print(wheel)
+    if args.check:
+        from native.build import bin_dir
+        answer = check(wheel, Path(args.check), [{"role": "user", "content": args.prompt}], max_tokens=32,
+                       venv=home() / "wheel-check-venv", lib_path=bin_dir() if args.python_only else None)
+        print(f"{args.check} through llama_cpp.Llama: {answer['content']!r}")
+
+
 def cmd_demo(args) -> None:
     """The README's main job: build, fetch the default model, quantize to ~2 bits, show size, chat, compare."""
     from native.build import build
@@ -192,6 +236,36 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="serve a GGUF with the patched llama-server (OpenAI-compatible API)")
+    p.add_argument("file")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("export", help="a folder with the GGUF, its model card and manifest; --bundle adds the "
+                                      "patched libraries, llama.h and a C example")
+    p.add_argument("file")
+    p.add_argument("--out", default=None, help="output folder (default: FILE without .gguf)")
+    p.add_argument("--bundle", action="store_true", help="add the shared libraries, headers and C example")
+    p.add_argument("--archive", action="store_true", help="also pack the folder as OUT.tar.gz")
+    p.add_argument("--results", default=None, help="results.json of `vq-gguf compare` (default: any under $VQ_GGUF_HOME/compare with this file)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("verify", help="check an exported folder or .tar.gz against its manifest")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("wheel", help="build a llama-cpp-python wheel of the patched llama.cpp")
+    p.add_argument("--out", default=None, help="folder for the wheel (default: $VQ_GGUF_HOME/wheels)")
+    p.add_argument("--python-only", action="store_true",
+                   help="compile nothing: the package then loads the libraries of `vq-gguf build` via LLAMA_CPP_LIB_PATH")
+    p.add_argument("--check", default=None, metavar="MODEL", help="install the wheel into a fresh venv and chat with MODEL")
+    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.set_defaults(func=cmd_wheel)
 
     from tools import compare
     p = sub.add_parser("compare", help="VQ presets against llama.cpp's k-quants and i-quants: table, plots, results.json")
