@@ -149,8 +149,8 @@ def cmake_build(tree: Path, server: bool, jobs: int, cuda_arch: str | None = Non
     subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True)
 
 
-def ensure_tools() -> None:
-    missing = [t for t in ("cmake", "ninja", "cc", "c++", "patch") if shutil.which(t) is None]
+def ensure_tools(patching: bool = True) -> None:
+    missing = [t for t in ("cmake", "ninja", "cc", "c++") + (("patch",) if patching else ()) if shutil.which(t) is None]
     if missing:
         raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential patch ccache)")
 
@@ -160,7 +160,7 @@ def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None =
     """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/.
     tree: an already patched tree (tools/gpu_check.sh carries one to a machine without network);
     defines: more CMake cache entries, NAME:TYPE -> value."""
-    ensure_tools()
+    ensure_tools(patching=tree is None)
     tree = tree or prepare_tree(fetch_sdist())
     cmake_build(tree, server, jobs or os.cpu_count() or 2, cuda_arch, defines)
     if runtime:

@@ -39,18 +39,17 @@ def _pip_toolkit() -> Path:
 
 
 def nvcc() -> Path | None:
-    found = shutil.which("nvcc")
-    if found:
-        return Path(found)
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda", _pip_toolkit()):
+    """A toolkit's nvcc (its root is two folders up), before any nvcc on PATH, which may be a wrapper script."""
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root and (Path(root) / "bin" / "nvcc").is_file():
-            return Path(root) / "bin" / "nvcc"
-    return None
+            return (Path(root) / "bin" / "nvcc").resolve()
+    found = shutil.which("nvcc") or (_pip_toolkit() / "bin" / "nvcc")
+    return Path(found).resolve() if Path(found).is_file() else None
 
 
 def toolkit_root() -> Path | None:
     exe = nvcc()
-    return exe.resolve().parent.parent if exe else None
+    return exe.parent.parent if exe else None
 
 
 def _wheel_dir() -> Path:

@@ -83,3 +83,15 @@ def test_residual_adds_a_synthetic_residual_codebook(ffn_down_file, tmp_path):
     assert downs and all(ggml_vq.rate_quarters(tensors[n].tensor_type) == 12 for n in downs)  # 8 + 4 bits per 4 weights
     assert all(int(tensors[n.replace(".weight", ".vq_res_codebook")].shape[1]) == 16 for n in downs)
     assert "0 failed" in run(["file", out, 3], "vbmi")
+
+
+def test_backend_option_runs_the_graph_through_ggml_backend():
+    # the path tools/gpu_check.sh takes with --backend CUDA0, here on the CPU backend: tensors copied into a
+    # backend buffer, the graph computed by ggml_backend_graph_compute, two runs bitwise equal
+    out = run(["--backend", "CPU", "random", 7, "quick"], "vbmi")
+    assert " 0 failed" in out
+
+
+def test_backend_option_refuses_an_unknown_backend():
+    p = subprocess.run([str(harness()), "--backend", "NOPE0", "random"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "no ggml backend named NOPE0" in p.stdout
