@@ -2,6 +2,7 @@
 
     python -m native.build            # everything, reusing whatever is up to date
     python -m native.build --server   # also llama-server
+    python -m native.build --cuda --cuda-arch 90   # with the CUDA backend (docs/cuda.md)
 
 Steps (each skipped when its inputs have not changed):
 1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
@@ -38,6 +39,8 @@ OWN_FILES = {
     "ggml/vq-cpu.h": "ggml/src/ggml-cpu/vq-cpu.h",
     "ggml/vq-cpu.c": "ggml/src/ggml-cpu/vq-cpu.c",
     "ggml/vq-cpu-cent.inc": "ggml/src/ggml-cpu/vq-cpu-cent.inc",
+    "ggml/vq-cuda.cuh": "ggml/src/ggml-cuda/vq-cuda.cuh",
+    "ggml/vq-cuda.cu": "ggml/src/ggml-cuda/vq-cuda.cu",
     "llama/llama-vq.h": "src/llama-vq.h",
     "llama/llama-vq.cpp": "src/llama-vq.cpp",
 }
@@ -125,7 +128,8 @@ def prepare_tree(sdist: Path) -> Path:
     return tree
 
 
-def cmake_build(tree: Path, server: bool, jobs: int) -> None:
+def cmake_build(tree: Path, server: bool, jobs: int, cuda_arch: str | None = None, defines: dict[str, str] | None = None) -> None:
+    from native import cuda
     build = build_dir()
     cache = build / "CMakeCache.txt"
     if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={REPO}\n" not in cache.read_text():
@@ -133,11 +137,13 @@ def cmake_build(tree: Path, server: bool, jobs: int) -> None:
         cache.unlink()
         shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
     # once configured with the server, stay so: a build without --server then only skips its target
-    server_configured = cache.exists() and "VQ_BUILD_SERVER:BOOL=ON" in cache.read_text()
-    if not cache.exists() or (server and not server_configured):
-        log("configuring")
+    server = server or (cache.exists() and "VQ_BUILD_SERVER:BOOL=ON" in cache.read_text())
+    opts = {"VQ_LLAMA_SOURCE_DIR:PATH": str(tree), "VQ_BUILD_SERVER:BOOL": "ON" if server else "OFF",
+            **(cuda.cmake_options(cuda_arch) if cuda_arch else {"VQ_CUDA:BOOL": "OFF"}), **(defines or {})}
+    if not cache.exists() or any(f"{k}={v}\n" not in cache.read_text() for k, v in opts.items()):
+        log("configuring" + (f" with CUDA for sm_{cuda_arch}" if cuda_arch else ""))
         subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        f"-DVQ_LLAMA_SOURCE_DIR={tree}", f"-DVQ_BUILD_SERVER={'ON' if server else 'OFF'}",
+                        *(f"-D{k}={v}" for k, v in opts.items()),
                         "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
                        check=True, stdout=subprocess.DEVNULL)
     targets = TARGETS + (["llama-server"] if server else [])
@@ -145,28 +151,40 @@ def cmake_build(tree: Path, server: bool, jobs: int) -> None:
     subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True)
 
 
-def ensure_tools() -> None:
-    missing = [t for t in ("cmake", "ninja", "cc", "c++", "patch") if shutil.which(t) is None]
+def ensure_tools(patching: bool = True) -> None:
+    missing = [t for t in ("cmake", "ninja", "cc", "c++") + (("patch",) if patching else ()) if shutil.which(t) is None]
     if missing:
         raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential patch ccache)")
 
 
-def build(server: bool = False, jobs: int | None = None) -> Path:
-    """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/."""
-    ensure_tools()
-    tree = prepare_tree(fetch_sdist())
-    cmake_build(tree, server, jobs or os.cpu_count() or 2)
-    from runtime import ffi_build
-    ffi_build.build(tree, bin_dir())
+def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None = None,
+          tree: Path | None = None, runtime: bool = True, defines: dict[str, str] | None = None) -> Path:
+    """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/.
+    tree: an already patched tree (tools/gpu_check.sh carries one to a machine without network);
+    defines: more CMake cache entries, NAME:TYPE -> value."""
+    ensure_tools(patching=tree is None)
+    tree = tree or prepare_tree(fetch_sdist())
+    cmake_build(tree, server, jobs or os.cpu_count() or 2, cuda_arch, defines)
+    if runtime:
+        from runtime import ffi_build
+        ffi_build.build(tree, bin_dir())
     return bin_dir()
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="store_true", help="also build llama-server")
+    ap.add_argument("--cuda", action="store_true", help="build the CUDA backend (needs nvcc and cuBLAS)")
+    ap.add_argument("--cuda-arch", default="90", help="CUDA architectures, CMake syntax (default 90: Hopper)")
+    ap.add_argument("--tree", type=Path, default=None, help="use this patched llama.cpp tree instead of fetching one")
+    ap.add_argument("--no-runtime", action="store_true", help="skip the runtime's cffi module")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME:TYPE=VALUE",
+                    help="another CMake cache entry, e.g. GGML_CUDA_FA:BOOL=OFF")
     ap.add_argument("-j", "--jobs", type=int, default=None)
     args = ap.parse_args(argv)
-    print(build(server=args.server, jobs=args.jobs))
+    defines = dict(d.split("=", 1) for d in args.define)
+    print(build(server=args.server, jobs=args.jobs, cuda_arch=args.cuda_arch if args.cuda else None,
+                tree=args.tree, runtime=not args.no_runtime, defines=defines))
 
 
 if __name__ == "__main__":

@@ -32,3 +32,5 @@ fi
 # always (re)install: an editable install of another clone would otherwise shadow this one
 echo "[setup] installing vq-gguf from $(pwd)"
 $PY -m pip install -q -e ".[test]"
+# nvcc and cuBLAS's headers for the CUDA compile check (tests/test_cuda_compile.py); no GPU needed
+$PY -m native.cuda setup

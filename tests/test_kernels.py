@@ -55,3 +55,43 @@ def test_real_quantized_ffn_down(ffn_down_file, isa):
 def test_bandwidth_mode_reports_a_figure():
     out = run(["bandwidth", 64, 1, 1], "vbmi")
     assert float(out.split()[1]) > 0
+
+
+def test_decode_writes_the_reference_weights_as_f16(feature_files, tmp_path):
+    # tools/gpu_check.sh quantizes llama.cpp's types from this file to compare speeds on the GPU
+    import numpy as np
+    from gguf import GGUFReader
+    from vq_export.reference import dequantize
+    vq_path, _, vq = feature_files
+    out = tmp_path / "decoded.gguf"
+    assert f"{len(vq)} VQ weights decoded to F16" in run(["decode", vq_path, out], "vbmi")
+    tensors = {t.name: t for t in GGUFReader(out).tensors}
+    assert not [n for n in tensors if ".vq_" in n]
+    for name, t in vq.items():
+        got = np.asarray(tensors[name].data).reshape(t.shape)
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float32), dequantize(t).astype(np.float16).astype(np.float32), rtol=2e-3, atol=1e-6)
+
+
+def test_residual_adds_a_synthetic_residual_codebook(ffn_down_file, tmp_path):
+    from gguf import GGUFReader
+    from vq_export import ggml_vq
+    out = tmp_path / "res16.gguf"
+    assert "VQ weights with a synthetic residual codebook" in run(["residual", ffn_down_file, out, 16], "vbmi")
+    tensors = {t.name: t for t in GGUFReader(out).tensors}
+    downs = [n for n in tensors if n.endswith("ffn_down.weight")]
+    assert downs and all(ggml_vq.rate_quarters(tensors[n].tensor_type) == 12 for n in downs)  # 8 + 4 bits per 4 weights
+    assert all(int(tensors[n.replace(".weight", ".vq_res_codebook")].shape[1]) == 16 for n in downs)
+    assert "0 failed" in run(["file", out, 3], "vbmi")
+
+
+def test_backend_option_runs_the_graph_through_ggml_backend():
+    # the path tools/gpu_check.sh takes with --backend CUDA0, here on the CPU backend: tensors copied into a
+    # backend buffer, the graph computed by ggml_backend_graph_compute, two runs bitwise equal
+    out = run(["--backend", "CPU", "random", 7, "quick"], "vbmi")
+    assert " 0 failed" in out
+
+
+def test_backend_option_refuses_an_unknown_backend():
+    p = subprocess.run([str(harness()), "--backend", "NOPE0", "random"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "no ggml backend named NOPE0" in p.stdout

@@ -12,12 +12,25 @@
 //   test-vq-matmul bandwidth [MiB] [threads] [passes]
 //                                            memory read bandwidth: threads summing disjoint slices of a
 //                                            buffer far larger than the caches; prints GB/s (best pass)
+//   test-vq-matmul decode <in.gguf> <out.gguf>
+//                                            the same model with every VQ weight decoded to F16 (side
+//                                            tensors dropped): llama-quantize's input for speed comparisons
+//   test-vq-matmul residual <in.gguf> <out.gguf> <k_res>
+//                                            a file without residual plus a synthetic residual codebook of
+//                                            k_res random centroids and random residual codes: the geometry
+//                                            and speed of a residual preset, outputs not meaningful
+//
+// `--backend NAME` first (e.g. `--backend CUDA0`) runs random, one and file on that ggml backend instead of
+// the CPU: the same reference comparison, with the tolerance of its F16 path above GGML_VQ_MAX_F32_BATCH
+// tokens, and two runs bitwise equal instead of the thread checks.
 //
 // The instruction set is capped by GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi (read once per process), so
 // each fast path is tested by running the program once per value. Prints one line per failure and a
 // summary; exit status 1 on any failure.
 
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml-vq.h"
 #include "gguf.h"
@@ -46,6 +59,15 @@ static float rndn(void) { // roughly normal
 
 static int n_fail = 0, n_cases = 0;
 
+// NULL: the CPU backend through ggml_graph_compute_with_ctx
+static ggml_backend_t g_backend = NULL;
+
+// Tolerances relative to sum |w x|: F32 arithmetic, and a backend's F16 path (weights and activations rounded
+// to F16, 2^-11 each, products summed in F32: at most ~1e-3) above this many tokens (CUDA: cuBLAS)
+#define TOL_F32 2e-5
+#define TOL_F16 2e-3
+#define GGML_VQ_MAX_F32_BATCH 8
+
 struct cfg {
     int64_t in, out;
     int v, b1, b2, G;
@@ -64,8 +86,42 @@ struct vq_weight {
     struct ggml_tensor * sides[GGML_VQ_N_SIDES];
 };
 
-// y = w x in a fresh graph with nthreads; returns y's data copied to out[ntok][out]
+// y = w x on g_backend: the weight, its side tensors and x copied into a buffer of that backend
+static void run_matmul_backend(const struct vq_weight * W, const struct ggml_tensor * x, float * out) {
+    struct ggml_init_params ip = { ggml_tensor_overhead() * (GGML_VQ_N_SIDES + 4) + ggml_graph_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    const struct ggml_tensor * src[GGML_VQ_N_SIDES + 2] = { W->w, x };
+    struct ggml_tensor * dev[GGML_VQ_N_SIDES + 2] = { 0 };
+    for (int s = 0; s < GGML_VQ_N_SIDES; ++s) {
+        src[2 + s] = W->sides[s];
+    }
+    for (int i = 0; i < GGML_VQ_N_SIDES + 2; ++i) {
+        dev[i] = src[i] ? ggml_dup_tensor(ctx, src[i]) : NULL;
+    }
+    struct ggml_tensor * y = ggml_vq_attach(ggml_mul_mat(ctx, dev[0], dev[1]), dev + 2);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, g_backend);
+    for (int i = 0; i < GGML_VQ_N_SIDES + 2; ++i) {
+        if (src[i]) {
+            ggml_backend_tensor_set(dev[i], src[i]->data, 0, ggml_nbytes(src[i]));
+        }
+    }
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    if (ggml_backend_graph_compute(g_backend, gf) != GGML_STATUS_SUCCESS) {
+        fprintf(stderr, "FAIL: %s could not compute the graph\n", ggml_backend_name(g_backend));
+        exit(1);
+    }
+    ggml_backend_tensor_get(y, out, 0, ggml_nbytes(y));
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+}
+
+// y = w x in a fresh graph with nthreads (or on g_backend); returns y's data copied to out[ntok][out]
 static void run_matmul(struct ggml_context * ctx, const struct vq_weight * W, struct ggml_tensor * x, int nthreads, float * out) {
+    if (g_backend) {
+        run_matmul_backend(W, x, out);
+        return;
+    }
     struct ggml_tensor * y = ggml_mul_mat(ctx, W->w, x);
     ggml_vq_attach(y, W->sides);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
@@ -105,7 +161,7 @@ static int check(const char * what, const struct vq_weight * W, struct ggml_tens
             }
             const double got = y[t * out + r];
             const double e = fabs(got - s);
-            const double tol = 2e-5 * mag + 1e-30;
+            const double tol = (g_backend && ntok > GGML_VQ_MAX_F32_BATCH ? TOL_F16 : TOL_F32) * mag + 1e-30;
             if (e / (mag + 1e-30) > worst) {
                 worst = e / (mag + 1e-30);
             }
@@ -236,14 +292,14 @@ static void run_case(const struct cfg * c, int quick) {
     if (check(name, &W, x, y1)) {
         n_fail++;
     }
-    if (c->ne1 * c->ne2 == 1 && check_exact(name, &W, x, y1)) {
+    if (!g_backend && c->ne1 * c->ne2 == 1 && check_exact(name, &W, x, y1)) {
         n_fail++;
     }
     const int threads[] = { 2, 3 };
-    for (int i = 0; i < (quick ? 1 : 2); ++i) {
+    for (int i = 0; i < (quick || g_backend ? 1 : 2); ++i) {
         run_matmul(ctx, &W, x, threads[i], yk);
         if (memcmp(y1, yk, ny * sizeof(float)) != 0) {
-            printf("FAIL %s: %d threads differ from 1 thread\n", name, threads[i]);
+            printf("FAIL %s: %s\n", name, g_backend ? "two runs differ" : threads[i] == 2 ? "2 threads differ from 1 thread" : "3 threads differ from 1 thread");
             n_fail++;
         }
     }
@@ -316,6 +372,39 @@ static int mode_random(int quick) {
     return n_fail ? 1 : 0;
 }
 
+// the VQ weight named tname in a file's tensors, with its side tensors (<base>.vq_*); false if not VQ
+static bool file_weight(struct ggml_context * wctx, const char * tname, struct vq_weight * W) {
+    memset(W, 0, sizeof(*W));
+    W->w = ggml_get_tensor(wctx, tname);
+    if (!W->w || !ggml_is_vq(W->w->type)) {
+        return false;
+    }
+    char base[256], sname[320];
+    snprintf(base, sizeof(base), "%s", tname);
+    char * dot = strstr(base, ".weight");
+    if (dot) {
+        *dot = 0;
+    }
+    for (int s = 0; s < GGML_VQ_N_SIDES; ++s) {
+        snprintf(sname, sizeof(sname), "%s.%s", base, ggml_vq_side_suffix((enum ggml_vq_side) s));
+        W->sides[s] = ggml_get_tensor(wctx, sname);
+    }
+    return true;
+}
+
+// true if tname is a side tensor (<base>.vq_*)
+static bool is_side_tensor(const char * tname) {
+    const size_t n = strlen(tname);
+    for (int s = 0; s < GGML_VQ_N_SIDES; ++s) {
+        const char * suffix = ggml_vq_side_suffix((enum ggml_vq_side) s);
+        const size_t k = strlen(suffix);
+        if (n > k && tname[n - k - 1] == '.' && strcmp(tname + n - k, suffix) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static int mode_file(const char * path, int max_tensors) {
     struct ggml_context * wctx = NULL;
     struct gguf_init_params gp = { false, &wctx };
@@ -328,23 +417,15 @@ static int mode_file(const char * path, int max_tensors) {
     const int64_t n_t = gguf_get_n_tensors(gctx);
     for (int64_t i = 0; i < n_t && done < max_tensors; ++i) {
         const char * tname = gguf_get_tensor_name(gctx, i);
-        struct ggml_tensor * w = ggml_get_tensor(wctx, tname);
-        if (!w || !ggml_is_vq(w->type)) {
+        struct vq_weight W;
+        if (!file_weight(wctx, tname, &W)) {
             continue;
         }
-        struct vq_weight W = {0};
-        W.w = w;
-        char base[256], sname[320];
-        snprintf(base, sizeof(base), "%s", tname);
-        char * dot = strstr(base, ".weight");
-        if (dot) {
-            *dot = 0;
-        }
-        for (int s = 0; s < GGML_VQ_N_SIDES; ++s) {
-            snprintf(sname, sizeof(sname), "%s.%s", base, ggml_vq_side_suffix((enum ggml_vq_side) s));
-            W.sides[s] = ggml_get_tensor(wctx, sname);
-        }
-        const int64_t toks[] = { 1, 3, 8, 9, 64 };
+        const struct ggml_tensor * w = W.w;
+        // a backend: both sides of its batch threshold and a prompt (CUDA: decode-and-dot, then cuBLAS)
+        const int64_t toks_cpu[] = { 1, 3, 8, 9, 64 };
+        const int64_t toks_backend[] = { 1, 7, 8, 9, 512 };
+        const int64_t * toks = g_backend ? toks_backend : toks_cpu;
         for (int k = 0; k < 5; ++k) {
             const int64_t ntok = toks[k];
             struct ggml_init_params ip = { 32 * 1024 * 1024 + (size_t) (w->ne[0] + w->ne[1]) * ntok * 4 * 4, NULL, false };
@@ -363,11 +444,11 @@ static int mode_file(const char * path, int max_tensors) {
             if (check(what, &W, x, y1)) {
                 n_fail++;
             }
-            if (ntok == 1 && check_exact(what, &W, x, y1)) {
+            if (!g_backend && ntok == 1 && check_exact(what, &W, x, y1)) {
                 n_fail++;
             }
             if (memcmp(y1, y2, sizeof(float) * w->ne[1] * ntok) != 0) {
-                printf("FAIL %s: 2 threads differ from 1 thread\n", what);
+                printf("FAIL %s: %s\n", what, g_backend ? "two runs differ" : "2 threads differ from 1 thread");
                 n_fail++;
             }
             free(y1);
@@ -381,6 +462,144 @@ static int mode_file(const char * path, int max_tensors) {
     ggml_free(wctx);
     return (n_fail || done == 0) ? 1 : 0;
 }
+
+// bits [bit, bit + n) of a little-endian bit stream (n <= 32)
+static uint32_t get_bits(const uint8_t * s, uint64_t bit, int n) {
+    uint64_t w = 0;
+    for (int k = 0; k < (int) (((bit & 7) + n + 7) >> 3); ++k) {
+        w |= (uint64_t) s[(bit >> 3) + k] << (8 * k);
+    }
+    return (uint32_t) ((w >> (bit & 7)) & ((1ull << n) - 1));
+}
+
+static void put_bits(uint8_t * s, uint64_t bit, int n, uint32_t value) {
+    for (int i = 0; i < n; ++i, ++bit) {
+        s[bit >> 3] = (uint8_t) ((s[bit >> 3] & ~(1u << (bit & 7))) | (((value >> i) & 1u) << (bit & 7)));
+    }
+}
+
+// how `rewrite` turns each VQ weight of a file into new tensors
+struct rewrite {
+    const char * what;
+    bool decoded;                                           // drop the side tensors and the VQ format key, F16 file type
+    size_t (*bytes)(const struct vq_weight * W, int arg);   // data bytes of the new tensors
+    // adds the new tensors (allocated in ctx) to out; false with a message
+    bool (*convert)(const char * name, const struct ggml_vq_layout * L, int arg, struct ggml_context * ctx, struct gguf_context * out);
+};
+
+// writes src to dst with every VQ weight converted by r, the other tensors and the keys copied
+static int rewrite_file(const char * src, const char * dst, const struct rewrite * r, int arg) {
+    struct ggml_context * wctx = NULL;
+    struct gguf_init_params gp = { false, &wctx };
+    struct gguf_context * in = gguf_init_from_file(src, gp);
+    if (!in) {
+        printf("FAIL cannot read %s\n", src);
+        return 1;
+    }
+    const int64_t n_t = gguf_get_n_tensors(in);
+    size_t bytes = 0;
+    for (int64_t i = 0; i < n_t; ++i) {
+        struct vq_weight W;
+        if (file_weight(wctx, gguf_get_tensor_name(in, i), &W) && W.sides[GGML_VQ_CODEBOOK]) {
+            bytes += r->bytes(&W, arg) + 2 * ggml_tensor_overhead() + 256;
+        }
+    }
+    struct ggml_init_params ip = { bytes + ggml_tensor_overhead(), NULL, false };
+    struct ggml_context * nctx = ggml_init(ip);
+    struct gguf_context * out = gguf_init_empty();
+    gguf_set_kv(out, in);
+    if (r->decoded) {
+        gguf_remove_key(out, GGML_VQ_FORMAT_KEY);
+        gguf_set_val_u32(out, "general.file_type", 1); // LLAMA_FTYPE_MOSTLY_F16
+    }
+    int n_vq = 0;
+    bool ok = true;
+    for (int64_t i = 0; i < n_t && ok; ++i) {
+        const char * tname = gguf_get_tensor_name(in, i);
+        struct vq_weight W;
+        if (!file_weight(wctx, tname, &W)) {
+            if (!(r->decoded && is_side_tensor(tname))) {
+                gguf_add_tensor(out, ggml_get_tensor(wctx, tname));
+            }
+            continue;
+        }
+        struct ggml_vq_layout L;
+        char err[256];
+        ok = ggml_vq_layout_init(&L, W.w, W.sides, err, sizeof(err)) && ggml_vq_check_data(&L, err, sizeof(err));
+        if (!ok) {
+            printf("FAIL %s: %s\n", tname, err);
+        } else {
+            ok = r->convert(tname, &L, arg, nctx, out);
+            n_vq++;
+        }
+    }
+    ok = ok && n_vq > 0 && gguf_write_to_file(out, dst, false);
+    printf("%s -> %s: %d VQ weights %s%s\n", src, dst, n_vq, r->what, ok ? "" : ": FAIL");
+    gguf_free(out);
+    gguf_free(in);
+    ggml_free(nctx);
+    ggml_free(wctx);
+    return ok ? 0 : 1;
+}
+
+static size_t decoded_bytes(const struct vq_weight * W, int arg) {
+    (void) arg;
+    return ggml_nelements(W->w) * sizeof(ggml_fp16_t);
+}
+
+// the weight decoded by the reference decoder, stored F16
+static bool decode_weight(const char * name, const struct ggml_vq_layout * L, int arg, struct ggml_context * ctx, struct gguf_context * out) {
+    (void) arg;
+    float * wf = malloc(sizeof(float) * L->in * L->out);
+    ggml_vq_dequantize(L, wf);
+    struct ggml_tensor * f = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, L->in, L->out);
+    ggml_set_name(f, name);
+    ggml_fp32_to_fp16_row(wf, f->data, L->in * L->out);
+    free(wf);
+    gguf_add_tensor(out, f);
+    return true;
+}
+
+// log2 of k_res if it is a power of two in [2, 65536], else 0
+static int residual_bits(int k_res) {
+    return k_res >= 2 && k_res <= 65536 && (k_res & (k_res - 1)) == 0 ? __builtin_ctz((unsigned) k_res) : 0;
+}
+
+static size_t residual_bytes(const struct vq_weight * W, int k_res) {
+    struct ggml_vq_layout L;
+    char err[256];
+    const int b2 = residual_bits(k_res);
+    return ggml_vq_layout_init(&L, W->w, W->sides, err, sizeof(err)) && b2 ?
+        ggml_nbytes(W->w) / (L.b1 + L.b2) * (L.b1 + L.b2 + b2) + (size_t) L.v * k_res * L.G * sizeof(ggml_fp16_t) : 0;
+}
+
+// the same main codes with random residual codes of log2(k_res) bits appended to each, in the VQ type of the new
+// rate, and a residual codebook of small random centroids
+static bool add_residual(const char * name, const struct ggml_vq_layout * L, int k_res, struct ggml_context * ctx, struct gguf_context * out) {
+    const int b = L->b1, b2 = residual_bits(k_res), bn = b + b2;
+    if (b2 < 1 || L->b2 != 0 || (bn * 4) % L->v != 0 || bn * 4 / L->v > GGML_VQ_N_MAX) {
+        printf("FAIL %s: %s\n", name, L->b2 ? "already has a residual codebook" : "no VQ type for this index rate (or k_res)");
+        return false;
+    }
+    struct ggml_tensor * w = ggml_new_tensor_2d(ctx, (enum ggml_type) (GGML_VQ_TYPE_BASE + bn * 4 / L->v), L->in, L->out);
+    ggml_set_name(w, name);
+    for (int64_t p = 0; p < L->out / L->v; ++p) {
+        const uint8_t * s = L->codes + p * (L->in * b / 8);
+        uint8_t * d = (uint8_t *) w->data + p * (L->in * bn / 8);
+        for (int64_t j = 0; j < L->in; ++j) {
+            put_bits(d, (uint64_t) j * bn, bn, get_bits(s, (uint64_t) j * b, b) | (uint32_t) (rnd() % k_res) << b);
+        }
+    }
+    struct ggml_tensor * rcb = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, L->v, k_res, L->G);
+    ggml_format_name(rcb, "%.*s.%s", (int) (strlen(name) - strlen(".weight")), name, ggml_vq_side_suffix(GGML_VQ_RES_CODEBOOK));
+    fill_f16(rcb, 0.005f);
+    gguf_add_tensor(out, w);
+    gguf_add_tensor(out, rcb);
+    return true;
+}
+
+static const struct rewrite REWRITE_DECODE   = { "decoded to F16", true, decoded_bytes, decode_weight };
+static const struct rewrite REWRITE_RESIDUAL = { "with a synthetic residual codebook", false, residual_bytes, add_residual };
 
 static double now_s(void) {
     struct timespec ts;
@@ -508,6 +727,15 @@ static int mode_bandwidth(int argc, char ** argv) {
 }
 
 int main(int argc, char ** argv) {
+    if (argc >= 3 && strcmp(argv[1], "--backend") == 0) {
+        g_backend = ggml_backend_init_by_name(argv[2], NULL);
+        if (!g_backend) {
+            printf("FAIL no ggml backend named %s in this build\n", argv[2]);
+            return 1;
+        }
+        argc -= 2;
+        argv += 2;
+    }
     if (getenv("VQ_TEST_SEED")) {
         rng_state ^= (uint64_t) atoll(getenv("VQ_TEST_SEED")) * 0x9E3779B97F4A7C15ull;
     }
@@ -533,6 +761,12 @@ int main(int argc, char ** argv) {
     if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
         return mode_bench(argc, argv);
     }
-    printf("usage: %s random [seed] [quick] | file <gguf> [max] | bench ... | bandwidth [MiB] [threads] [passes]\n", argv[0]);
+    if (argc >= 4 && strcmp(argv[1], "decode") == 0) {
+        return rewrite_file(argv[2], argv[3], &REWRITE_DECODE, 0);
+    }
+    if (argc >= 5 && strcmp(argv[1], "residual") == 0) {
+        return rewrite_file(argv[2], argv[3], &REWRITE_RESIDUAL, atoi(argv[4]));
+    }
+    printf("usage: %s [--backend NAME] random [seed] [quick] | one ... | file <gguf> [max] | bench ... | bandwidth [MiB] [threads] [passes] | decode <in> <out> | residual <in> <out> <k_res>\n", argv[0]);
     return 2;
 }

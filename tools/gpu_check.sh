@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# GPU check of the VQ CUDA kernels (docs/cuda.md), sized for 10 minutes on a fresh H200 machine without network.
+#
+#   tools/gpu_check.sh pack [VQ_FILE]   here, after `python -m native.build`: writes .gpu/ (ignored by git, at most
+#                                       64 MiB with the repo): the patched llama.cpp tree without what the build
+#                                       does not need, the default model's 2-bit VQ file (default: the one `vq-gguf
+#                                       compare` made), a slice of the eval text; prints the file's CPU perplexity
+#   tools/gpu_check.sh run              on the GPU machine, in the repo root with .gpu/ carried: builds the CUDA
+#                                       backend (sm_90, only the needed targets), then
+#     1. kernels: test-vq-matmul --backend CUDA0 on random weights in every VQ configuration (1..9, 16, 33, 512
+#        tokens: the decode-and-dot kernel and the F16 + cuBLAS path) and on the VQ file's tensors (1, 7, 8, 9, 512)
+#     2. perplexity of the VQ file on the slice: all layers on the GPU, half of them, and the CPU alone must agree
+#     3. llama-bench pp512 / tg128 with -ngl 99 for the VQ presets (3bit and 4bit: the 2bit file plus a synthetic
+#        residual codebook, same geometry and speed), Q2_K, IQ2_XXS and Q4_K_M (quantized there from the VQ file
+#        decoded to F16: their speed does not depend on the values)
+#   Results in $OUT (or .gpu/out): gpu_check.md, gpu_check.log (the console) and logs.tar.gz; the last line says how
+#   many checks passed and failed. A second run on the same machine reuses the build (ninja).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PAYLOAD=.gpu
+PPL_CHUNKS=10
+PPL_REL_TOL=0.01   # |ppl - ppl_cpu| / ppl_cpu: F16 weights in the prompt path, other kernels' own rounding
+
+pack() {
+    local home=${VQ_GGUF_HOME:-$HOME/.cache/vq-gguf}
+    local vq=${1:-$home/compare/SmolLM2-135M-Instruct/vq-2bit.gguf}
+    local eval=../shared/data/eval/wikitext-2-raw-test.txt
+    [ -f "$home/llama.cpp/.vq-stamp" ] || { echo "no patched tree in $home: run python -m native.build"; exit 1; }
+    [ -f "$vq" ] || { echo "no VQ file $vq: vq-gguf compare (or give one)"; exit 1; }
+    python3 -c "from native import build; build.prepare_tree(build.fetch_sdist())"   # current patch and own files
+    mkdir -p $PAYLOAD   # ignored by .gitignore: it travels as `carry`
+    tar -C "$home/llama.cpp" -cf - --exclude=./docs --exclude=./models --exclude=./media --exclude=./tests \
+        --exclude=./benches --exclude=./examples --exclude=./tools/ui --exclude=./tools/server --exclude=./gguf-py \
+        --exclude=./conversion --exclude=./.vq-stamp --exclude='./ggml/src/ggml-metal' --exclude='./ggml/src/ggml-sycl' \
+        --exclude='./ggml/src/ggml-vulkan' --exclude='./ggml/src/ggml-opencl' --exclude='./ggml/src/ggml-hexagon' \
+        --exclude='./ggml/src/ggml-et' --exclude='./ggml/src/ggml-cann' --exclude='./ggml/src/ggml-webgpu' \
+        --exclude='./ggml/src/ggml-zdnn' . | xz -6 > $PAYLOAD/llama.cpp.tar.xz
+    cp "$vq" $PAYLOAD/vq-2bit.gguf
+    head -c 120000 "$eval" > $PAYLOAD/eval.txt   # ~28k tokens: more than PPL_CHUNKS x 512
+    "$home/build/bin/llama-perplexity" -m $PAYLOAD/vq-2bit.gguf -f $PAYLOAD/eval.txt -c 512 -b 512 --chunks 2 2>&1 |
+        grep -o 'Final estimate: PPL = [0-9.]*' | sed 's/^/CPU, 2 chunks: /'   # a broken file would pass the check too
+    du -ch $PAYLOAD/* | tail -1
+    echo "carry $PAYLOAD to the GPU machine and run: bash tools/gpu_check.sh run"
+}
+
+run() {
+    local out=${OUT:-$PAYLOAD/out}   # the device tool returns at most 8 files from $OUT
+    local work=/tmp/vq-gpu-check
+    local logs=$work/logs
+    rm -rf $logs && mkdir -p "$out" $logs
+    export VQ_GGUF_HOME=$work
+    local report=$out/gpu_check.md passed=0 failed=0
+    exec > >(tee "$out/gpu_check.log") 2>&1
+    check() { # check LOG CMD...: runs CMD with its output in LOG, counts and prints PASS or FAIL (with the log's end)
+        local to=$1; shift
+        if "$@" > "$to" 2>&1; then passed=$((passed + 1)); echo "PASS $*"; else failed=$((failed + 1)); echo "FAIL $*"; tail -20 "$to"; fi
+    }
+    step() { echo "== $(date +%T) $*"; }
+
+    step "machine"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    nvcc --version | tail -1 || true
+
+    step "build (CUDA backend for sm_90, no flash-attention kernels)"
+    local sha; sha=$(sha256sum $PAYLOAD/llama.cpp.tar.xz | cut -c1-64)
+    if [ "$(cat $work/llama.cpp/.payload 2>/dev/null)" != "$sha" ]; then
+        rm -rf $work/llama.cpp && mkdir -p $work/llama.cpp && xz -dc $PAYLOAD/llama.cpp.tar.xz | tar -C $work/llama.cpp -xf -
+        echo "$sha" > $work/llama.cpp/.payload
+    fi
+    local defines=(--define GGML_CUDA_FA:BOOL=OFF)
+    # without a libcuda.so to link (driver stubs), use ggml's pool that needs no driver API
+    if ! ldconfig -p | grep -q 'libcuda.so ' && ! ls /usr/local/cuda/lib64/stubs/libcuda.so >/dev/null 2>&1; then
+        defines+=(--define GGML_CUDA_NO_VMM:BOOL=ON)
+    fi
+    local t0=$SECONDS
+    python3 -m native.build --tree $work/llama.cpp --cuda --cuda-arch 90 --no-runtime -j "$(nproc)" "${defines[@]}" \
+        > $logs/build.log 2>&1 || { tail -40 $logs/build.log; cp $logs/build.log "$out/"; echo "0 passed, 1 failed"; exit 1; }
+    echo "built in $((SECONDS - t0)) s"
+    local bin=$work/build/bin vq=$PAYLOAD/vq-2bit.gguf
+
+    step "1. kernels against the C reference decoder"
+    check $logs/kernels-random.log "$bin/test-vq-matmul" --backend CUDA0 random 7
+    tail -1 $logs/kernels-random.log
+    check $logs/kernels-file.log "$bin/test-vq-matmul" --backend CUDA0 file $vq 14
+    tail -1 $logs/kernels-file.log
+
+    step "2. perplexity on the slice ($PPL_CHUNKS chunks of 512)"
+    ppl() { # args: label, then llama-perplexity options; prints the final estimate
+        "$bin/llama-perplexity" -m $vq -f $PAYLOAD/eval.txt -c 512 -b 512 --chunks $PPL_CHUNKS -t "$(nproc)" "${@:2}" \
+            > "$logs/ppl-$1.log" 2>&1
+        grep -o 'Final estimate: PPL = [0-9.]*' "$logs/ppl-$1.log" | awk '{print $5}'
+    }
+    local p_cpu p_gpu p_half
+    p_cpu=$(CUDA_VISIBLE_DEVICES= ppl cpu -ngl 0)
+    p_gpu=$(ppl gpu -ngl 99)
+    p_half=$(ppl half -ngl 15)   # partial offload: codebooks travel with their weights (and op offload of CPU layers)
+    echo "PPL cpu $p_cpu, gpu $p_gpu, 15 layers on the gpu $p_half"
+    close() { python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(not abs(a - b) <= $PPL_REL_TOL * b)" "$1" "$2"; }
+    check /dev/null close "${p_gpu:-nan}" "${p_cpu:-0}"
+    check /dev/null close "${p_half:-nan}" "${p_cpu:-0}"
+
+    step "3. llama-bench, all layers on the GPU"
+    "$bin/test-vq-matmul" decode $vq $work/f16.gguf > $logs/decode.log 2>&1
+    "$bin/test-vq-matmul" residual $vq $work/vq-3bit.gguf 16 > $logs/residual.log 2>&1
+    "$bin/test-vq-matmul" residual $vq $work/vq-4bit.gguf 256 >> $logs/residual.log 2>&1
+    "$bin/llama-imatrix" -m $work/f16.gguf -f $PAYLOAD/eval.txt -c 512 --chunks 20 -ngl 99 -o $work/imatrix.gguf \
+        > $logs/imatrix.log 2>&1
+    local models=(-m $vq -m $work/vq-3bit.gguf -m $work/vq-4bit.gguf)
+    for q in Q2_K IQ2_XXS Q4_K_M; do
+        "$bin/llama-quantize" --allow-requantize --imatrix $work/imatrix.gguf --token-embedding-type q8_0 \
+            --output-tensor-type q8_0 $work/f16.gguf $work/$q.gguf $q "$(nproc)" > $logs/quantize-$q.log 2>&1 \
+            && models+=(-m $work/$q.gguf)
+    done
+    bench() { "$bin/llama-bench" "$@" > $logs/bench.json 2> $logs/bench.log || { tail -20 $logs/bench.log; return 1; }; }
+    check $logs/bench.out bench "${models[@]}" -ngl 99 -p 512 -n 128 -r 5 -o json
+    python3 - $logs/bench.json > $logs/bench.md <<'PY'
+import json, os, sys
+runs = json.load(open(sys.argv[1]))
+ts = {}
+for r in runs:
+    name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
+    ts.setdefault(name, {})["pp512" if r["n_prompt"] else "tg128"] = (r["avg_ts"], r["stddev_ts"])
+print("| file | pp512 t/s | tg128 t/s | tg128 / Q2_K | tg128 / IQ2_XXS |\n| --- | ---: | ---: | ---: | ---: |")
+ref = {k: ts.get(k, {}).get("tg128", (float("nan"),))[0] for k in ("Q2_K", "IQ2_XXS")}
+for name, t in ts.items():
+    pp, tg = t.get("pp512", (float("nan"), 0)), t.get("tg128", (float("nan"), 0))
+    print(f"| {name} | {pp[0]:.0f} ± {pp[1]:.0f} | {tg[0]:.1f} ± {tg[1]:.1f} | {tg[0] / ref['Q2_K']:.2f} | {tg[0] / ref['IQ2_XXS']:.2f} |")
+vq = ts.get("vq-2bit", {}).get("tg128", (float("nan"),))[0]
+met = vq >= ref["IQ2_XXS"] and vq >= 0.8 * ref["Q2_K"]
+print(f"\nBar (2bit tg128 >= IQ2_XXS and >= 0.8 x Q2_K): {'met' if met else 'NOT met'}")
+PY
+    cat $logs/bench.md
+
+    {
+        echo "# GPU check $(date -u '+%F %T') UTC"
+        echo
+        echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null), $(nvcc --version | tail -1)"
+        echo
+        echo "Perplexity ($PPL_CHUNKS chunks of 512, $vq): CPU $p_cpu, all layers on the GPU $p_gpu, 15 layers $p_half"
+        echo
+        echo "Files: $vq (2bit), vq-3bit / vq-4bit (2bit + synthetic residual 16 / 256), Q2_K / IQ2_XXS / Q4_K_M"
+        echo "quantized from the VQ file decoded to F16 (imatrix: 20 chunks of the slice), token embedding and output Q8_0."
+        echo
+        cat $logs/bench.md
+        echo
+        tail -1 $logs/kernels-random.log
+        tail -1 $logs/kernels-file.log
+    } > "$report"
+    tar -czf "$out/logs.tar.gz" -C $work logs
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ]
+}
+
+case "${1:-}" in
+    pack) shift; pack "$@" ;;
+    run) run ;;
+    *) sed -n 2,20p "$0"; exit 2 ;;
+esac
