@@ -18,6 +18,7 @@ import torch
 from native.build import home
 from vq_export import hessian, source
 from vq_export.calib import DEFAULT_CALIB, calibration_tokens
+from vq_export.cli import parse_bool
 from vq_export.default_model import fetch
 from vq_export.model import Llama
 from vq_export.reference import dequantize
@@ -32,7 +33,7 @@ def parse_config(text: str) -> VPTQConfig:
         key, value = item.split("=")
         if key not in types:
             raise SystemExit(f"unknown setting {key!r}; VPTQConfig has {', '.join(types)}")
-        kw[key] = value.lower() in ("1", "true") if types[key] == "bool" else float(value) if types[key] == "float" else int(value)
+        kw[key] = parse_bool(value) if types[key] == "bool" else float(value) if types[key] == "float" else int(value)
     return VPTQConfig(**kw)
 
 

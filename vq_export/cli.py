@@ -177,6 +177,10 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
 
 
+def parse_bool(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes")
+
+
 # per-tensor settings a quantize flag may override: (flag, type, help); the preset's overrides then no longer apply
 CONFIG_FLAGS = {
     "v": (int, "vector length"),
@@ -185,8 +189,8 @@ CONFIG_FLAGS = {
     "groups": (int, "column groups, each with its own codebooks (vptq)"),
     "outlier_frac": (float, "share of input columns with an outlier codebook (vptq)"),
     "refit_rounds": (int, "codebook refit rounds, 0 for the paper's k-means codebooks (vptq)"),
-    "col_norm": (lambda s: s.lower() in ("1", "true", "yes"), "per-column scale and bias: true/false (vptq)"),
-    "row_scale": (lambda s: s.lower() in ("1", "true", "yes"), "per-output-channel scale: true/false (vptq)"),
+    "col_norm": (parse_bool, "per-column scale and bias: true/false (vptq)"),
+    "row_scale": (parse_bool, "per-output-channel scale: true/false (vptq)"),
 }
 
 

@@ -246,7 +246,8 @@ class VPTQ:
         C = self._grouped_kmeans(Wp, cfg.k, cfg.seed)
         R = O = None
         if n_out:
-            first = torch.stack([C[self.gp[j]][nearest(Wp[:, j].view(P, v), C[self.gp[j]], self._lane_w(v))[0]].reshape(-1)
+            lw = self._lane_w(v)
+            first = torch.stack([C[self.gp[j]][nearest(Wp[:, j].view(P, v), C[self.gp[j]], lw)[0]].reshape(-1)
                                  for j in range(n_out)], 1)
             err = (Wp[:, :n_out] - first) / self.ounit[:n_out]
             O = f16(kmeans(self._vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out), cfg.v0),
