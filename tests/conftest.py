@@ -12,11 +12,12 @@ import pytest
 
 from native.build import home
 from vq_export import default_model, gguf_writer, source
+from vq_export.calib import DATA_DIR
 from vq_export.quantize import VQConfig, quantize_linear
 from vq_export.reference import dequantize
 from vq_export.vqtensor import VQTensor
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = DATA_DIR
 EVAL_TEXT = DATA / "eval" / "wikitext-2-raw-test.txt"
 
 

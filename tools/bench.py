@@ -33,8 +33,10 @@ import sys
 import time
 from pathlib import Path
 
+from vq_export.calib import DEFAULT_CALIB
+
 REPO = Path(__file__).resolve().parent.parent
-CALIB = REPO.parent / "shared" / "data" / "calib" / "austen-prideprejudice.txt"
+CALIB = DEFAULT_CALIB / "austen-prideprejudice.txt"
 LLAMA_TYPES = ["F16", "Q4_K_M", "Q2_K", "IQ2_XXS"]
 PRESETS = ["2bit", "3bit", "4bit"]
 

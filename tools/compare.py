@@ -31,6 +31,7 @@ from gguf import GGUFReader
 from native.build import REPO, bin_dir, home, tree_dir
 from native.build import sha256 as content_hash
 from vq_export import bpw, ggml_vq, gguf_writer, source
+from vq_export.calib import DATA_DIR
 from vq_export.source import LINEAR_RE
 
 from . import environment, llamacpp, report
@@ -42,13 +43,8 @@ COMMON_TYPES = ("q8_0", "f16", "f32")  # types both llama-quantize and vq-gguf q
 F16_MAX = 65504.0
 
 
-def data_dir() -> Path:
-    """The shared text data: $VQ_GGUF_DATA, or ../shared/data beside the checkout."""
-    return Path(os.environ.get("VQ_GGUF_DATA", REPO.parent / "shared" / "data"))
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    data = data_dir()
+    data = DATA_DIR
     p.add_argument("--model", default="default", help="GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--calib", nargs="+", type=Path, default=[data / "calib" / "austen-prideprejudice.txt"],
                    help="calibration text file(s) for the importance matrix (default: Pride and Prejudice)")

@@ -2,12 +2,15 @@
 own tokenizer for the model, cut into fixed-length windows drawn with a seed."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-DEFAULT_CALIB = Path(__file__).resolve().parents[2] / "shared" / "data" / "calib"
+# The shared text data (calib/, eval/): $VQ_GGUF_DATA, or ../shared/data beside the checkout.
+DATA_DIR = Path(os.environ.get("VQ_GGUF_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DEFAULT_CALIB = DATA_DIR / "calib"
 
 
 def read_texts(sources: list[str | Path]) -> str:
