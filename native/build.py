@@ -2,6 +2,7 @@
 
     python -m native.build            # everything, reusing whatever is up to date
     python -m native.build --server   # also llama-server
+    python -m native.build --sanitize # the hardening build: ASan/UBSan + libFuzzer (clang), docs/hardening.md
 
 Steps (each skipped when its inputs have not changed):
 1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
@@ -42,6 +43,9 @@ OWN_FILES = {
     "llama/llama-vq.cpp": "src/llama-vq.cpp",
 }
 TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llama-bench", "llama-completion", "test-vq-matmul"]
+# the sanitizer build: static libraries with ASan, UBSan and fuzzing coverage, the loader driver, the fuzz harnesses
+SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-matmul"]
+SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
 
 
 def home() -> Path:
@@ -58,6 +62,10 @@ def build_dir() -> Path:
 
 def bin_dir() -> Path:
     return build_dir() / "bin"
+
+
+def sanitize_bin_dir() -> Path:
+    return home() / "build-asan" / "bin"
 
 
 def log(msg: str) -> None:
@@ -125,46 +133,63 @@ def prepare_tree(sdist: Path) -> Path:
     return tree
 
 
-def cmake_build(tree: Path, server: bool, jobs: int) -> None:
-    build = build_dir()
+def cmake_build(tree: Path, build: Path, options: list[str], targets: list[str], jobs: int, env: dict | None = None) -> None:
+    """Configure `build` from the root CMakeLists.txt with `options` (again when they or the checkout changed), then build `targets`."""
     cache = build / "CMakeCache.txt"
-    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={REPO}\n" not in cache.read_text():
-        log(f"the build folder was configured from another checkout; reconfiguring it for {REPO}")
+    stamp = build / ".vq-options"
+    want = "\n".join([str(REPO), *options])
+    if cache.exists() and not (stamp.exists() and stamp.read_text() == want):
+        log(f"options or checkout changed since {build} was configured; reconfiguring it for {REPO}")
         cache.unlink()
         shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
-    if not cache.exists() or f"VQ_BUILD_SERVER:BOOL={'ON' if server else 'OFF'}" not in cache.read_text():
-        log("configuring")
-        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        f"-DVQ_LLAMA_SOURCE_DIR={tree}", f"-DVQ_BUILD_SERVER={'ON' if server else 'OFF'}",
-                        "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
-                       check=True, stdout=subprocess.DEVNULL)
-    targets = TARGETS + (["llama-server"] if server else [])
+    if not cache.exists():
+        log(f"configuring {build}")
+        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", f"-DVQ_LLAMA_SOURCE_DIR={tree}",
+                        "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}", *options],
+                       check=True, stdout=subprocess.DEVNULL, env=env)
+        stamp.write_text(want)
     log(f"building {' '.join(targets)} with {jobs} jobs")
-    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True, env=env)
 
 
-def ensure_tools() -> None:
-    missing = [t for t in ("cmake", "ninja", "cc", "c++", "patch") if shutil.which(t) is None]
+def ensure_tools(compilers: tuple[str, ...] = ("cc", "c++")) -> None:
+    missing = [t for t in ("cmake", "ninja", "patch", *compilers) if shutil.which(t) is None]
     if missing:
-        raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential patch ccache)")
+        raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential "
+                         f"patch ccache, and clang-14 libclang-rt-14-dev for --sanitize; or run scripts/setup.sh)")
 
 
 def build(server: bool = False, jobs: int | None = None) -> Path:
     """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/."""
     ensure_tools()
     tree = prepare_tree(fetch_sdist())
-    cmake_build(tree, server, jobs or os.cpu_count() or 2)
+    cmake_build(tree, build_dir(), ["-DCMAKE_BUILD_TYPE=Release", f"-DVQ_BUILD_SERVER={'ON' if server else 'OFF'}"],
+                TARGETS + (["llama-server"] if server else []), jobs or os.cpu_count() or 2)
     from runtime import ffi_build
     ffi_build.build(tree, bin_dir())
     return bin_dir()
 
 
+def build_sanitize(jobs: int | None = None) -> Path:
+    """The hardening build in $VQ_GGUF_HOME/build-asan (clang, ASan + UBSan + libFuzzer): vq-load and the
+    fuzz harnesses; returns its bin/."""
+    ensure_tools(SANITIZE_CC)
+    tree = prepare_tree(fetch_sdist())
+    env = {**os.environ, "CC": SANITIZE_CC[0], "CXX": SANITIZE_CC[1]}
+    cmake_build(tree, sanitize_bin_dir().parent, ["-DCMAKE_BUILD_TYPE=Release", "-DVQ_SANITIZE=ON",
+                 # -O1: half the compile time of -O3 for the same checks; fuzzing speed is in the same range
+                 "-DCMAKE_C_FLAGS_RELEASE=-O1", "-DCMAKE_CXX_FLAGS_RELEASE=-O1"],
+                SANITIZE_TARGETS, jobs or os.cpu_count() or 2, env)
+    return sanitize_bin_dir()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="store_true", help="also build llama-server")
+    ap.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (build-asan)")
     ap.add_argument("-j", "--jobs", type=int, default=None)
     args = ap.parse_args(argv)
-    print(build(server=args.server, jobs=args.jobs))
+    print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
 
 
 if __name__ == "__main__":

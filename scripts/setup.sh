@@ -15,6 +15,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get install -y -qq cmake ninja-build ccache patch build-essential >/dev/null
 fi
 
+# the sanitizer and fuzzing build (make test, docs/hardening.md) needs clang with its runtime libraries (libFuzzer)
+if ! command -v clang-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null 2>&1; then
+    echo "[setup] installing clang-14 and its sanitizer/libFuzzer runtime"
+    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq clang-14 libclang-rt-14-dev >/dev/null
+fi
+
 PY=${PY:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
     echo "[setup] installing torch (CPU build)"

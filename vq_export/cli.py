@@ -30,8 +30,8 @@ def resolve_model(model: str) -> Path:
 
 
 def cmd_build(args) -> None:
-    from native.build import build
-    print(build(server=args.server, jobs=args.jobs))
+    from native.build import build, build_sanitize
+    print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
 
 
 def cmd_quantize(args) -> Path:
@@ -111,7 +111,7 @@ def cmd_demo(args) -> None:
     args.model, args.out, args.v, args.k, args.k_res, args.only = "default", None, None, None, None, None
     path = cmd_quantize(args)
     print(f"\n> {args.prompt}")
-    args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, 2048, None, False
+    args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, None, None, False
     cmd_chat(args)
     from tools import compare
     readme = Path(__file__).resolve().parent.parent / "README.md"
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("build", help="build the patched llama.cpp and the runtime bindings")
     p.add_argument("--server", action="store_true")
+    p.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (clang; docs/hardening.md)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=cmd_build)
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("chat", help="chat with a GGUF through the patched llama.cpp")
     p.add_argument("file")
     add_sampling(p)
-    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--ctx", type=int, default=None, help="context in tokens (default: 2048, or the model's training context if smaller)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     p.set_defaults(func=cmd_chat)
@@ -190,9 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         args.func(args)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        sys.exit(f"vq-gguf {args.cmd}: {e}")
-    except RuntimeError as e:
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # bad input, unwritable output, llama.cpp's refusals
         sys.exit(f"vq-gguf {args.cmd}: {e}")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import resource
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGUFReader
 from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
@@ -162,6 +163,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     if run.out.exists() and _file_key(run.out) == run.key:
         print(f"[quantize] {run.out} is up to date (same source, settings, calibration and seed)", flush=True)
         return run.out
+    gguf_writer.check_writable(run.out, 2 * estimate_bytes(run) + 2**20)  # the GGUF's temporary copy and the parts
     run.parts.mkdir(parents=True, exist_ok=True)
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
@@ -179,6 +181,20 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     run.parts.rmdir()
     print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s, peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
     return path
+
+
+def estimate_bytes(run: Run) -> int:
+    """About the size of the output GGUF: index bits and codebooks of the VQ weights, other tensors in their type."""
+    other = GGML_QUANT_SIZES[gguf_writer.PLAIN_TYPES[run.other_type][0]]
+    total = 0.0
+    for name, W in run.source.tensors.items():
+        if name in run.names:
+            cfg = run.preset.config_for(name)
+            bits = math.log2(cfg.k) + (math.log2(cfg.k_res) if cfg.k_res else 0)
+            total += W.size * bits / cfg.v / 8 + 2 * cfg.v * (cfg.k + cfg.k_res) + 16 * sum(W.shape)
+        else:
+            total += W.size * (4 if W.ndim < 2 else other[1] / other[0])
+    return int(total)
 
 
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
