@@ -185,6 +185,8 @@ def corpus() -> list[Case]:
         Case("GGUF version 1", raw(pack("<I", lambda lay: 4, 1)), ("",)),
         Case("tensor count beyond the file", raw(pack("<q", lambda lay: 8, 1 << 40)), ("",)),
         Case("KV count beyond the file", raw(pack("<q", lambda lay: 16, 1 << 40)), ("",)),
+        *[Case(f"KV value type {t}", raw(pack("<i", lambda lay: lay.kv["general.name"] + 8 + len("general.name"), t)), ("GGUF value type",))
+          for t in (13, 100, -1)],
         Case("unsupported architecture", lambda p: tiny_model.write(p, arch="nosucharch"), ("unknown model architecture", "nosucharch")),
         # format version
         Case("format version missing", raw(lambda lay, d: d.replace(b"vq.format_version", b"vq.format_versioX")), ("format version",)),

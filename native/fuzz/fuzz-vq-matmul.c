@@ -136,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
 
     const size_t cb_bytes = (size_t) 2 * v * (size_t) (K1 + K2 + 1) * (size_t) G + (size_t) 2 * v0 * (size_t) K0;
     const size_t mem = 2 * (cb_bytes + (size_t) n_in * n_out * 7 + (size_t) n_in * ntok * ne2 * 4 + (size_t) n_out * ntok * ne2 * 8 +
-                            (size_t) (n_in + n_out) * 16 + (size_t) n_o * n_out * 2) + 64 * ggml_tensor_overhead() + ggml_graph_overhead() + (1 << 16);
+                            (size_t) (n_in + n_out) * 16 + (size_t) n_o * n_out * 2) + 64 * ggml_tensor_overhead() + 2 * ggml_graph_overhead() + (4 << 20); // + the work buffers of both graphs
     struct ggml_context * ctx = ggml_init((struct ggml_init_params) { mem, NULL, false });
 
     struct ggml_tensor * w = ggml_new_tensor_2d(ctx, (enum ggml_type) (GGML_VQ_TYPE_BASE + n), n_in, n_out);
