@@ -78,10 +78,12 @@ DEFAULT_CTX = 2048  # tokens, or the model's training context if that is smaller
 
 class Model:
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
-                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = False,
+                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = True,
                  vocab_only: bool = False):
         """n_ctx: context in tokens, at most the model's training context (default: DEFAULT_CTX or that).
-        vocab_only: load just the tokenizer (tokenize/detokenize/chat template; no decoding)."""
+        vocab_only: load just the tokenizer (tokenize/detokenize/chat template; no decoding).
+        check_tensors: refuse NaN/Inf and invalid quantized blocks in the data (llama.cpp's check; NaN weights
+        would otherwise reach kernel assertions)."""
         for name, value in (("n_ctx", 1 if n_ctx is None else n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
                             ("n_threads", 1 if n_threads is None else n_threads)):
             if not isinstance(value, int) or not 1 <= value < 2**31:

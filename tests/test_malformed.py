@@ -45,3 +45,16 @@ def test_malformed_file(case, tmp_path, vq_load):
             Model(path, n_ctx=64)
         for word in case.expect:
             assert word in str(e.value)
+
+
+@pytest.mark.parametrize("field", ["codebook", "res_codebook", "col_norm", "row_scale", "outlier_codebook"])
+def test_vq_check_data_refuses_non_finite_values(field):
+    """Tools that load without llama.cpp's data check (llama-cli, llama-perplexity) rely on ggml_vq_check_data."""
+    from tests.native import c_check_data
+    from tools import tiny_model
+    t = tiny_model.vq_tensors()[malformed.Q]
+    assert c_check_data(t) is None
+    arr = getattr(t, field).copy()
+    arr.flat[3] = np.inf
+    setattr(t, field, arr)
+    assert f"vq_{field}: value" in c_check_data(t) and "NaN or infinite" in c_check_data(t)

@@ -79,8 +79,8 @@ def parse_output(text: str, r: Result) -> None:
 
 
 def run(harness: str, seconds: float, runs: int | None = None, workdir: Path | None = None,
-        log: Path | None = None) -> Result:
-    """One libFuzzer run of `harness` for `seconds` (or `runs` executions, whichever first)."""
+        log: Path | None = None, seed: int = 0) -> Result:
+    """One libFuzzer run of `harness` for `seconds` (or `runs` executions, whichever first); seed 0: random."""
     exe = build_sanitize() / HARNESSES[harness]
     base = workdir or home() / "fuzz" / harness
     corpus, crashes = base / "corpus", base / "crashes"
@@ -89,7 +89,7 @@ def run(harness: str, seconds: float, runs: int | None = None, workdir: Path | N
     (seed_load if harness == "load" else seed_matmul)(corpus)
     before = set(crashes.iterdir())
     cmd = [str(exe), str(corpus), f"-max_total_time={int(seconds)}", f"-max_len={MAX_LEN[harness]}",
-           "-print_final_stats=1", "-timeout=60", "-rss_limit_mb=4096", f"-artifact_prefix={crashes}/"]
+           "-print_final_stats=1", "-timeout=60", "-rss_limit_mb=4096", f"-artifact_prefix={crashes}/", f"-seed={seed}"]
     if runs:
         cmd.append(f"-runs={runs}")
     env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}

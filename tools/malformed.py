@@ -187,6 +187,9 @@ def corpus() -> list[Case]:
         Case("KV count beyond the file", raw(pack("<q", lambda lay: 16, 1 << 40)), ("",)),
         *[Case(f"KV value type {t}", raw(pack("<i", lambda lay: lay.kv["general.name"] + 8 + len("general.name"), t)), ("GGUF value type",))
           for t in (13, 100, -1)],
+        *[Case(f"rms norm epsilon {e}", raw(lambda lay, d, e=e: struct.pack_into(
+            "<f", d, lay.kv["llama.attention.layer_norm_rms_epsilon"] + 8 + len("llama.attention.layer_norm_rms_epsilon") + 4, e)),
+            ("rms norm",)) for e in (-1.0, float("nan"), float("inf"))],
         Case("unsupported architecture", lambda p: tiny_model.write(p, arch="nosucharch"), ("unknown model architecture", "nosucharch")),
         # format version
         Case("format version missing", raw(lambda lay, d: d.replace(b"vq.format_version", b"vq.format_versioX")), ("format version",)),
@@ -239,11 +242,14 @@ def corpus() -> list[Case]:
         Case("more outlier columns than inputs", tiny(Q, outlier_cols=np.arange(65, dtype=np.int32) % 64,
                                                       outlier_idx=np.zeros((65, 32), np.int16)), (Q, "outlier columns")),
         # NaN and Inf in codebooks and scales
-        *[Case(f"{what} in {suffix}", raw(set_data(side(w, suffix), val, 5)), (w, suffix, "NaN or infinite"))
+        # (refused by llama.cpp's data check when the loader runs it, which the runtime does, else by ggml_vq_check_data)
+        *[Case(f"{what} in {suffix}", raw(set_data(side(w, suffix), val, 5)), (w.removesuffix(".weight"), suffix))
           for w, suffix, vals in ((Q, cb, (NAN16, INF16)), (Q, rcb, (NAN16, INF16)), (D, "vq_col_norm", (NAN32, INF32)),
                                   (Q, "vq_row_scale", (NAN32, INF32)), (D, "vq_outlier_codebook", (NAN16, INF16)))
           for what, val in zip(("NaN", "Inf"), vals)],
-        Case("Inf in the column bias row", raw(set_data(side(Q, "vq_col_norm"), INF32, 64 + 3)), (Q, "vq_col_norm", "NaN or infinite")),
+        Case("Inf in the column bias row", raw(set_data(side(Q, "vq_col_norm"), INF32, 64 + 3)), ("blk.0.attn_q", "vq_col_norm")),
+        Case("NaN in the token embedding", raw(set_data("token_embd.weight", NAN32, 70)), ("token_embd.weight",)),
+        Case("1e38 in a norm weight", raw(set_data("blk.0.attn_norm.weight", np.array([1e38], np.float32), 3)), None),
         # indices at and beyond the codebook sizes
         Case("every code at the largest index", raw(lambda lay, d: _fill(lay, d, Q, 0xFF)), None),
         Case("3-bit codes all ones", raw(lambda lay, d: _fill(lay, d, K, 0xFF)), None),
