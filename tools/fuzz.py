@@ -90,7 +90,7 @@ def run(harness: str, seconds: float, runs: int | None = None, workdir: Path | N
     before = set(crashes.iterdir())
     cmd = [str(exe), str(corpus), f"-max_total_time={int(seconds)}", f"-max_len={MAX_LEN[harness]}",
            "-print_final_stats=1", "-timeout=60", "-rss_limit_mb=4096", f"-artifact_prefix={crashes}/", f"-seed={seed}"]
-    if runs:
+    if runs is not None:  # 0: run the corpus once, no mutations
         cmd.append(f"-runs={runs}")
     env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
     t0 = time.time()
