@@ -11,4 +11,5 @@ demo: setup
 
 test: setup
 	vq-gguf build --server
+	vq-gguf build --sanitize
 	$(PY) -m pytest -q

@@ -3,6 +3,7 @@
     python -m native.build            # everything, reusing whatever is up to date
     python -m native.build --server   # also llama-server
     python -m native.build --cuda --cuda-arch 90   # with the CUDA backend (docs/cuda.md)
+    python -m native.build --sanitize # the hardening build: ASan/UBSan + libFuzzer (clang), docs/hardening.md
 
 Steps (each skipped when its inputs have not changed):
 1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
@@ -45,6 +46,9 @@ OWN_FILES = {
     "llama/llama-vq.cpp": "src/llama-vq.cpp",
 }
 TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llama-bench", "llama-completion", "test-vq-matmul"]
+# the sanitizer build: static libraries with ASan, UBSan and fuzzing coverage, the loader driver, the fuzz harnesses
+SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-matmul"]
+SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
 
 
 def home() -> Path:
@@ -61,6 +65,10 @@ def build_dir() -> Path:
 
 def bin_dir() -> Path:
     return build_dir() / "bin"
+
+
+def sanitize_bin_dir() -> Path:
+    return home() / "build-asan" / "bin"
 
 
 def log(msg: str) -> None:
@@ -128,33 +136,29 @@ def prepare_tree(sdist: Path) -> Path:
     return tree
 
 
-def cmake_build(tree: Path, server: bool, jobs: int, cuda_arch: str | None = None, defines: dict[str, str] | None = None) -> None:
-    from native import cuda
-    build = build_dir()
+def cmake_build(tree: Path, build: Path, opts: dict[str, str], targets: list[str], jobs: int, env: dict | None = None) -> None:
+    """Configure `build` from the root CMakeLists.txt with the cache entries `opts` (NAME:TYPE -> value; again
+    whenever one differs from the cache, from scratch when another checkout configured it), then build `targets`."""
     cache = build / "CMakeCache.txt"
     if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={REPO}\n" not in cache.read_text():
         log(f"the build folder was configured from another checkout; reconfiguring it for {REPO}")
         cache.unlink()
         shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
-    # once configured with the server, stay so: a build without --server then only skips its target
-    server = server or (cache.exists() and "VQ_BUILD_SERVER:BOOL=ON" in cache.read_text())
-    opts = {"VQ_LLAMA_SOURCE_DIR:PATH": str(tree), "VQ_BUILD_SERVER:BOOL": "ON" if server else "OFF",
-            **(cuda.cmake_options(cuda_arch) if cuda_arch else {"VQ_CUDA:BOOL": "OFF"}), **(defines or {})}
+    opts = {"VQ_LLAMA_SOURCE_DIR:PATH": str(tree), **opts}
     if not cache.exists() or any(f"{k}={v}\n" not in cache.read_text() for k, v in opts.items()):
-        log("configuring" + (f" with CUDA for sm_{cuda_arch}" if cuda_arch else ""))
-        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        *(f"-D{k}={v}" for k, v in opts.items()),
+        log(f"configuring {build}")
+        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", *(f"-D{k}={v}" for k, v in opts.items()),
                         "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
-                       check=True, stdout=subprocess.DEVNULL)
-    targets = TARGETS + (["llama-server"] if server else [])
+                       check=True, stdout=subprocess.DEVNULL, env=env)
     log(f"building {' '.join(targets)} with {jobs} jobs")
-    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True, env=env)
 
 
-def ensure_tools(patching: bool = True) -> None:
-    missing = [t for t in ("cmake", "ninja", "cc", "c++") + (("patch",) if patching else ()) if shutil.which(t) is None]
+def ensure_tools(compilers: tuple[str, ...] = ("cc", "c++"), patching: bool = True) -> None:
+    missing = [t for t in ("cmake", "ninja", *compilers) + (("patch",) if patching else ()) if shutil.which(t) is None]
     if missing:
-        raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential patch ccache)")
+        raise SystemExit(f"missing build tools: {', '.join(missing)} (Debian: apt-get install cmake ninja-build build-essential "
+                         f"patch ccache, and clang-14 libclang-rt-14-dev for --sanitize; or run scripts/setup.sh)")
 
 
 def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None = None,
@@ -162,18 +166,38 @@ def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None =
     """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/.
     tree: an already patched tree (tools/gpu_check.sh carries one to a machine without network);
     defines: more CMake cache entries, NAME:TYPE -> value."""
+    from native import cuda
     ensure_tools(patching=tree is None)
     tree = tree or prepare_tree(fetch_sdist())
-    cmake_build(tree, server, jobs or os.cpu_count() or 2, cuda_arch, defines)
+    cache = build_dir() / "CMakeCache.txt"
+    # once configured with the server, stay so: a build without --server then only skips its target
+    server = server or (cache.exists() and "VQ_BUILD_SERVER:BOOL=ON" in cache.read_text())
+    opts = {"CMAKE_BUILD_TYPE:STRING": "Release", "VQ_BUILD_SERVER:BOOL": "ON" if server else "OFF",
+            **(cuda.cmake_options(cuda_arch) if cuda_arch else {"VQ_CUDA:BOOL": "OFF"}), **(defines or {})}
+    cmake_build(tree, build_dir(), opts, TARGETS + (["llama-server"] if server else []), jobs or os.cpu_count() or 2)
     if runtime:
         from runtime import ffi_build
         ffi_build.build(tree, bin_dir())
     return bin_dir()
 
 
+def build_sanitize(jobs: int | None = None) -> Path:
+    """The hardening build in $VQ_GGUF_HOME/build-asan (clang, ASan + UBSan + libFuzzer): vq-load and the
+    fuzz harnesses; returns its bin/."""
+    ensure_tools(SANITIZE_CC)
+    tree = prepare_tree(fetch_sdist())
+    env = {**os.environ, "CC": SANITIZE_CC[0], "CXX": SANITIZE_CC[1]}
+    cmake_build(tree, sanitize_bin_dir().parent, {"CMAKE_BUILD_TYPE:STRING": "Release", "VQ_SANITIZE:BOOL": "ON",
+                 # -O1: half the compile time of -O3 for the same checks; fuzzing speed is in the same range
+                 "CMAKE_C_FLAGS_RELEASE:STRING": "-O1", "CMAKE_CXX_FLAGS_RELEASE:STRING": "-O1"},
+                SANITIZE_TARGETS, jobs or os.cpu_count() or 2, env)
+    return sanitize_bin_dir()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="store_true", help="also build llama-server")
+    ap.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (build-asan)")
     ap.add_argument("--cuda", action="store_true", help="build the CUDA backend (needs nvcc and cuBLAS)")
     ap.add_argument("--cuda-arch", default="90", help="CUDA architectures, CMake syntax (default 90: Hopper)")
     ap.add_argument("--tree", type=Path, default=None, help="use this patched llama.cpp tree instead of fetching one")
@@ -182,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="another CMake cache entry, e.g. GGML_CUDA_FA:BOOL=OFF")
     ap.add_argument("-j", "--jobs", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.sanitize:
+        print(build_sanitize(jobs=args.jobs))
+        return
     defines = dict(d.split("=", 1) for d in args.define)
     print(build(server=args.server, jobs=args.jobs, cuda_arch=args.cuda_arch if args.cuda else None,
                 tree=args.tree, runtime=not args.no_runtime, defines=defines))

@@ -7,7 +7,7 @@ from .llama import Chat, Model, SamplerConfig
 
 
 def run(model_path: str, *, prompt: str | None, system: str | None, sampler: SamplerConfig, max_tokens: int,
-        n_ctx: int, threads: int | None, verbose: bool) -> str:
+        n_ctx: int | None, threads: int | None, verbose: bool) -> str:
     """Returns the last answer (for scripts); streams every answer to stdout."""
     with Model(model_path, n_ctx=n_ctx, n_threads=threads, verbose=verbose) as model:
         chat = Chat(model, system=system, sampler=sampler)

@@ -24,6 +24,7 @@ struct llama_context;
 struct llama_vocab;
 struct llama_sampler;
 typedef struct llama_memory_i * llama_memory_t;
+enum llama_vocab_type { LLAMA_VOCAB_TYPE_NONE, ... };
 
 struct llama_model_params {
     int32_t n_gpu_layers;
@@ -70,8 +71,10 @@ int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t bu
 int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);
 const char * llama_model_chat_template(const struct llama_model * model, const char * name);
 uint32_t llama_n_ctx(const struct llama_context * ctx);
+int32_t llama_model_n_ctx_train(const struct llama_model * model);
 int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
 bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
+enum llama_vocab_type llama_vocab_type(const struct llama_vocab * vocab);
 llama_token llama_vocab_bos(const struct llama_vocab * vocab);
 llama_token llama_vocab_eos(const struct llama_vocab * vocab);
 int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,

@@ -7,6 +7,7 @@ decodes the new turn.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -56,16 +57,37 @@ def _error(what: str) -> LlamaError:
 @dataclass
 class SamplerConfig:
     temperature: float = 0.8   # <= 0: greedy
-    top_k: int = 40
-    top_p: float = 0.95
-    seed: int = 0
+    top_k: int = 40            # 0: no top-k cut
+    top_p: float = 0.95        # in (0, 1]; 1: no nucleus cut
+    seed: int = 0              # 0 .. 2^32 - 1
+
+    def __post_init__(self):
+        """Refuse values llama.cpp's samplers would take silently (NaN, negative counts) or C cannot hold."""
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, not {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, not {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2^32), not {self.seed!r}")
+
+
+DEFAULT_CTX = 2048  # tokens, or the model's training context if that is smaller
 
 
 class Model:
-    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512,
-                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = False,
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
+                 n_threads: int | None = None, verbose: bool = False, check_tensors: bool = True,
                  vocab_only: bool = False):
-        """vocab_only: load just the tokenizer (tokenize/detokenize/chat template; no decoding)."""
+        """n_ctx: context in tokens, at most the model's training context (default: DEFAULT_CTX or that).
+        vocab_only: load just the tokenizer (tokenize/detokenize/chat template; no decoding).
+        check_tensors: refuse NaN/Inf and invalid quantized blocks in the data (llama.cpp's check; NaN weights
+        would otherwise reach kernel assertions)."""
+        for name, value in (("n_ctx", 1 if n_ctx is None else n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                            ("n_threads", 1 if n_threads is None else n_threads)):
+            if not isinstance(value, int) or not 1 <= value < 2**31:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
         m = load_lib(verbose)
         self.ffi, self.lib = m.ffi, m.lib
         path = Path(path)
@@ -82,9 +104,15 @@ class Model:
             raise _error(f"llama.cpp could not load {path}")
         self.vocab = self.lib.llama_model_get_vocab(self.model)
         self.n_vocab = self.lib.llama_vocab_n_tokens(self.vocab)
+        self.has_text = self.lib.llama_vocab_type(self.vocab) != self.lib.LLAMA_VOCAB_TYPE_NONE
         self.tokens: list[int] = []  # what the KV cache holds
         if vocab_only:
             return
+        n_train = self.lib.llama_model_n_ctx_train(self.model)
+        if n_ctx is not None and n_ctx > n_train:
+            self.close()
+            raise LlamaError(f"a context of {n_ctx} tokens is larger than the {n_train} the model was trained for")
+        n_ctx = n_ctx or min(DEFAULT_CTX, n_train)
         threads = n_threads or os.cpu_count() or 1
         cp = self.lib.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, min(n_ubatch, n_batch)
@@ -116,7 +144,13 @@ class Model:
 
     # --- text <-> tokens -------------------------------------------------------------------------------
 
+    def _need_text(self) -> None:
+        # llama.cpp aborts on text calls to a model without a tokenizer (tokenizer.ggml.model = no_vocab)
+        if not self.has_text:
+            raise LlamaError("the model has no tokenizer (tokenizer.ggml.model is no_vocab): it takes token ids, not text")
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self._need_text()
         data = text.encode()
         cap = len(data) + 8
         buf = self.ffi.new("llama_token[]", cap)
@@ -130,6 +164,9 @@ class Model:
         return list(buf[0:n])
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
+        self._need_text()
+        if not 0 <= token < self.n_vocab:
+            raise LlamaError(f"token id {token} is outside the vocabulary of {self.n_vocab}")
         buf = self.ffi.new("char[]", 64)
         n = self.lib.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
         if n < 0:
@@ -182,6 +219,13 @@ class Model:
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         self.tokens = []
 
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        if len(tokens) > self.n_ctx:
+            raise LlamaError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise LlamaError(f"token id {bad[0]} is outside the vocabulary of {self.n_vocab}")
+
     def _decode(self, tokens: Sequence[int], pos0: int, all_logits: bool) -> None:
         batch = self.lib.llama_batch_init(len(tokens), 0, 1)
         try:
@@ -201,8 +245,7 @@ class Model:
     def feed(self, tokens: Sequence[int]) -> None:
         """Make the KV cache hold exactly `tokens`, decoding only what differs from what it holds."""
         tokens = list(tokens)
-        if len(tokens) > self.n_ctx:
-            raise LlamaError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        self._check_tokens(tokens)
         keep = 0
         while keep < min(len(tokens), len(self.tokens)) and tokens[keep] == self.tokens[keep]:
             keep += 1
@@ -217,6 +260,7 @@ class Model:
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """float32 [len(tokens), n_vocab]: the logits after every token of a fresh sequence."""
+        self._check_tokens(tokens)
         self.reset()
         out = np.empty((len(tokens), self.n_vocab), dtype=np.float32)
         for s in range(0, len(tokens), self.n_batch):
@@ -232,6 +276,9 @@ class Model:
                  sampler: SamplerConfig | None = None) -> Iterator[str]:
         """Stream the text of the tokens sampled after the prompt, until end of generation or max_tokens."""
         cfg = sampler or SamplerConfig()
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, not {max_tokens}")
+        self._need_text()
         chain = self.lib.llama_sampler_chain_init(self.lib.llama_sampler_chain_default_params())
         if cfg.temperature <= 0:
             self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_greedy())

@@ -20,6 +20,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt_install cmake ninja-build ccache patch build-essential
 fi
 
+# the sanitizer and fuzzing build (make test, docs/hardening.md) needs clang with its runtime libraries (libFuzzer)
+if ! command -v clang-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null 2>&1; then
+    echo "[setup] installing clang-14 and its sanitizer/libFuzzer runtime"
+    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq clang-14 libclang-rt-14-dev >/dev/null
+fi
+
 PY=${PY:-python3}
 # venv with pip: the llama-cpp-python test installs a wheel into a fresh virtual environment
 if ! $PY -c "import ensurepip, venv" 2>/dev/null; then

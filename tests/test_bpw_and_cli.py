@@ -78,3 +78,24 @@ def test_llama_quantize_passes_vq_tensors_through(ffn_down_file, tmp_path):
     before = {t.name: (int(t.tensor_type), bytes(t.data)) for t in GGUFReader(ffn_down_file).tensors if "ffn_down" in t.name}
     after = {t.name: (int(t.tensor_type), bytes(t.data)) for t in GGUFReader(out).tensors if "ffn_down" in t.name}
     assert before == after
+
+
+def test_preset_overrides_select_kinds_and_blocks():
+    from vq_export.cli import parse_tensor_config
+    from vq_export.quantize import PRESETS
+    base = PRESETS["2bit"]
+    preset = quantize.Preset("t", "vptq", base.config, overrides=(
+        parse_tensor_config("ffn_down@0,-1:v=2,k=64", base.config), parse_tensor_config("attn_v:k=16", base.config)))
+    cfg = {n: preset.config_for(n, 30) for n in
+           ("blk.0.ffn_down.weight", "blk.29.ffn_down.weight", "blk.10.ffn_down.weight", "blk.1.ffn_down.weight",
+            "blk.0.ffn_up.weight", "blk.7.attn_v.weight")}
+    assert (cfg["blk.0.ffn_down.weight"].v, cfg["blk.0.ffn_down.weight"].k) == (2, 64)
+    assert cfg["blk.29.ffn_down.weight"] == cfg["blk.0.ffn_down.weight"]
+    assert cfg["blk.10.ffn_down.weight"] is base.config and cfg["blk.1.ffn_down.weight"] is base.config
+    assert cfg["blk.0.ffn_up.weight"] is base.config
+    assert (cfg["blk.7.attn_v.weight"].v, cfg["blk.7.attn_v.weight"].k) == (base.config.v, 16)
+    assert cfg["blk.7.attn_v.weight"].refit_rounds == base.config.refit_rounds  # other settings from the base
+    with pytest.raises(SystemExit, match="KIND"):
+        parse_tensor_config("ffn_down@0", base.config)
+    with pytest.raises(SystemExit, match="unknown setting"):
+        parse_tensor_config("ffn_down:bits=3", base.config)

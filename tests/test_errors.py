@@ -1,129 +1,19 @@
-"""Bad input gets a clear error and no crash: the patched llama.cpp refuses malformed VQ files at load,
-and the quantizer refuses bad sources."""
-import struct
-from pathlib import Path
+"""Bad input gets a clear error and no crash: the runtime refuses bad parameters and files that are not models
+it can run, and the quantizer refuses bad sources. Malformed VQ files: tests/test_malformed.py."""
+import math
 
 import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from runtime.llama import LlamaError, Model
-from vq_export import gguf_writer, source
-from vq_export.vqtensor import VQTensor
-
-NAME = "blk.0.attn_k.weight"  # 192 x 576
+from runtime.llama import LlamaError, Model, SamplerConfig
+from tools import tiny_model
+from vq_export import source
 
 
-def small_vq(src, **overrides) -> VQTensor:
-    """A cheap valid VQ tensor for blk.0.attn_k (v=4, k=16: 1 bit per weight)."""
-    rng = np.random.default_rng(0)
-    out_features, in_features = src.tensors[NAME].shape
-    t = VQTensor(shape=(out_features, in_features),
-                 codes=rng.integers(0, 16, (out_features // 4, in_features)).astype(np.uint32),
-                 codebook=rng.normal(0, 0.05, (1, 16, 4)).astype(np.float16))
-    for k, v in overrides.items():
-        setattr(t, k, v)
-    return t
-
-
-class Tampered(VQTensor):
-    """Writes its GGUF tensors through `edit`, to make files that the writer itself would never make."""
-    edit = staticmethod(lambda tensors: tensors)
-
-    def gguf_tensors(self, weight_name):
-        return self.edit(super().gguf_tensors(weight_name))
-
-
-def write_tampered(src, path, edit, **overrides) -> Path:
-    t = Tampered(**small_vq(src, **overrides).__dict__)
-    t.edit = edit
-    return gguf_writer.write(path, src, vq={NAME: t}, other_type="q8_0")
-
-
-def load_error(path) -> str:
-    with pytest.raises(LlamaError) as e:
-        Model(path, n_ctx=256)
-    return str(e.value)
-
-
-def test_valid_small_file_loads(src, tmp_path):
-    path = gguf_writer.write(tmp_path / "ok.gguf", src, vq={NAME: small_vq(src)}, other_type="q8_0")
-    with Model(path, n_ctx=256) as m:
-        assert m.logits(m.tokenize("Hello"))[0].shape == (m.n_vocab,)
-
-
-def test_missing_codebook(src, tmp_path):
-    path = write_tampered(src, tmp_path / "a.gguf", lambda ts: [t for t in ts if not t[0].endswith("vq_codebook")])
-    msg = load_error(path)
-    assert "missing codebook" in msg and NAME in msg
-
-
-def test_codebook_size_not_a_power_of_two(src, tmp_path):
-    edit = lambda ts: [(n, a[:, :12] if n.endswith("vq_codebook") else a, r) for n, a, r in ts]
-    assert "not a power of two" in load_error(write_tampered(src, tmp_path / "b.gguf", edit))
-
-
-def test_codebook_vector_length_mismatch(src, tmp_path):
-    edit = lambda ts: [(n, np.zeros((1, 16, 3), np.float16) if n.endswith("vq_codebook") else a, r) for n, a, r in ts]
-    msg = load_error(write_tampered(src, tmp_path / "c.gguf", edit))
-    assert "index bits" in msg or "does not divide" in msg
-
-
-def test_side_tensor_of_wrong_shape(src, tmp_path):
-    path = write_tampered(src, tmp_path / "d.gguf", lambda ts: ts, row_scale=np.ones(100, np.float32))
-    assert "row scale" in load_error(path)
-
-
-def test_bad_permutation_data(src, tmp_path):
-    perm = np.arange(576, dtype=np.int32)
-    perm[3] = 4
-    path = write_tampered(src, tmp_path / "e.gguf", lambda ts: ts, perm=perm)
-    assert "permutation" in load_error(path)
-
-
-def test_outlier_index_out_of_range(src, tmp_path):
-    path = write_tampered(src, tmp_path / "f.gguf", lambda ts: ts, outlier_cols=np.array([7], np.int32),
-                          outlier_idx=np.full((1, 48), 40, np.int16), outlier_codebook=np.zeros((32, 4), np.float16))
-    assert "outlier index" in load_error(path)
-
-
-def set_tensor_type(path: Path, name: str, type_id: int) -> None:
-    data = bytearray(path.read_bytes())
-    key = struct.pack("<Q", len(name)) + name.encode()
-    at = data.index(key) + len(key)
-    n_dims = struct.unpack_from("<I", data, at)[0]
-    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
-    path.write_bytes(bytes(data))
-
-
-@pytest.mark.parametrize("type_id", [199, 230])
-def test_unknown_vq_type_id(src, tmp_path, type_id):
-    path = gguf_writer.write(tmp_path / "g.gguf", src, vq={NAME: small_vq(src)}, other_type="q8_0")
-    set_tensor_type(path, NAME, type_id)
-    msg = load_error(path)
-    assert NAME in msg and ("invalid ggml type" in msg or "block size" in msg)
-
-
-def test_missing_format_version(src, tmp_path):
-    path = gguf_writer.write(tmp_path / "h.gguf", src, vq={NAME: small_vq(src)}, other_type="q8_0")
-    data = path.read_bytes()
-    path.write_bytes(data.replace(b"vq.format_version", b"vq.format_versioX"))
-    assert "format version" in load_error(path)
-
-
-def test_truncated_file(src, tmp_path):
-    path = gguf_writer.write(tmp_path / "i.gguf", src, vq={NAME: small_vq(src)}, other_type="q8_0")
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) * 2 // 3])
-    load_error(path)
-
-
-def test_vq_on_token_embedding_is_refused(src, tmp_path):
-    out_features, in_features = src.tensors["token_embd.weight"].shape
-    t = VQTensor(shape=(out_features, in_features), codes=np.zeros((out_features // 4, in_features), np.uint32),
-                 codebook=np.zeros((1, 16, 4), np.float16))
-    path = gguf_writer.write(tmp_path / "j.gguf", src, vq={"token_embd.weight": t}, other_type="q8_0")
-    assert "only for the 2-D weights of block linears" in load_error(path)
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model.write(tmp_path_factory.mktemp("tiny") / "tiny.vq.gguf")
 
 
 def test_wrong_path():
@@ -131,7 +21,70 @@ def test_wrong_path():
         Model("/nonexistent/model.gguf")
 
 
-def test_source_errors(src, tmp_path):
+@pytest.mark.parametrize("data", [b"", b"GGUF", b"not a gguf at all" * 100, b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 4])
+def test_not_a_gguf(tmp_path, data):
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(data)
+    with pytest.raises(LlamaError, match="could not load"):
+        Model(path)
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tiny_model.write(tmp_path / "arch.gguf", arch="nosucharch")
+    with pytest.raises(LlamaError, match="unknown model architecture: 'nosucharch'"):
+        Model(path)
+
+
+def test_context_larger_than_the_model_allows(tiny):
+    with pytest.raises(LlamaError, match=f"larger than the {tiny_model.N_CTX}"):
+        Model(tiny, n_ctx=tiny_model.N_CTX + 1)
+    with Model(tiny) as m:  # the default fits the model (llama.cpp rounds the context up to a multiple of 256)
+        assert m.n_ctx >= tiny_model.N_CTX
+
+
+@pytest.mark.parametrize("kwargs", [{"n_ctx": 0}, {"n_ctx": -5}, {"n_ctx": 2**40}, {"n_batch": 0}, {"n_ubatch": -1},
+                                    {"n_threads": 0}, {"n_ctx": 1.5}])
+def test_invalid_model_parameters(tiny, kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        Model(tiny, **kwargs)
+
+
+def test_prompt_longer_than_the_context(tiny):
+    with Model(tiny, n_ctx=32, n_batch=16) as m:  # llama.cpp rounds the context up (to 256)
+        n = m.n_ctx
+        too_long = [t % m.n_vocab for t in range(n + 1)]
+        for call in (m.logits, m.feed, lambda t: list(m.generate(t, max_tokens=1))):
+            with pytest.raises(LlamaError, match=f"{n + 1} tokens do not fit the context of {n}"):
+                call(too_long)
+        # a prompt that fills the context exactly still runs, and generation stops at the end of the context
+        assert m.logits(too_long[:n]).shape == (n, m.n_vocab)
+        assert len(list(m.generate(too_long[:n - 1], max_tokens=10, sampler=SamplerConfig(temperature=0)))) <= 1
+
+
+def test_token_outside_the_vocabulary(tiny):
+    with Model(tiny, n_ctx=32) as m:
+        for bad in (m.n_vocab, -1, 2**31 - 1):
+            with pytest.raises(LlamaError, match="outside the vocabulary"):
+                m.logits([1, bad])
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": math.nan}, {"temperature": math.inf}, {"top_k": -1}, {"top_k": 2.5},
+                                    {"top_p": 0}, {"top_p": 1.5}, {"top_p": math.nan}, {"seed": -1}, {"seed": 2**32}])
+def test_invalid_sampling_parameters(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SamplerConfig(**kwargs)
+
+
+def test_sampling_edge_values_run(tiny):
+    with Model(tiny, n_ctx=32) as m:
+        for cfg in (SamplerConfig(temperature=0), SamplerConfig(temperature=-1), SamplerConfig(top_k=0, top_p=1, seed=2**32 - 1),
+                    SamplerConfig(temperature=1e-6, top_k=1), SamplerConfig(temperature=1e6)):
+            list(m.generate([1, 2, 3], max_tokens=3, sampler=cfg))
+        with pytest.raises(ValueError, match="max_tokens"):
+            list(m.generate([1, 2, 3], max_tokens=-1))
+
+
+def test_source_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         source.load(tmp_path / "missing.gguf")
     junk = tmp_path / "junk.gguf"
@@ -145,3 +98,11 @@ def test_source_errors(src, tmp_path):
         w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
         with pytest.raises(source.SourceError, match="not supported" if arch == "bert" else "NaN"):
             source.load(tmp_path / f"{arch}.gguf")
+
+
+def test_model_without_tokenizer(tmp_path):
+    with Model(tiny_model.write(tmp_path / "no-vocab.gguf", vocab=False), n_ctx=32) as m:
+        assert m.logits([0, 1, 31]).shape == (3, tiny_model.N_VOCAB)
+        for call in (lambda: m.tokenize("a"), lambda: m.token_bytes(1), lambda: list(m.generate([1, 2]))):
+            with pytest.raises(LlamaError, match="no tokenizer"):
+                call()

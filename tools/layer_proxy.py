@@ -2,51 +2,69 @@
 
     python -m tools.layer_proxy --tensors blk.3.ffn_down blk.5.attn_v --configs v=4,k=256 v=4,k=256,row_scale=1 v=2,k=64
 
+    python -m tools.layer_proxy --tensors blk.3.ffn_down --files iq2_xxs=llama-IQ2_XXS.gguf vq=model.vq.gguf
+
 For each tensor: the block's input Hessians from calibration windows pushed through the float model (the
 `--independent` way), then every config quantized with VPTQ and scored on held-out windows by the relative
 layer-output error ‖(W − Ŵ)Xᵀ‖² / ‖WXᵀ‖² (what `vq-gguf quantize` reports per tensor), with its bits per
-weight counted like the file's (indices, codebooks, side tensors) and its time.
+weight counted like the file's (indices, codebooks, side tensors) and its time. `--files` scores the same
+tensors as another GGUF file holds them (llama.cpp's types dequantized by gguf-py, VQ by the reference
+decoder), so per-tensor errors can be set beside llama.cpp's at the same bits.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
+import numpy as np
 import torch
+from gguf import GGUFReader, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
 from native.build import home
-from vq_export import hessian, source
+from vq_export import bpw, ggml_vq, hessian, source
 from vq_export.calib import DEFAULT_CALIB, calibration_tokens
-from vq_export.cli import parse_bool
+from vq_export.cli import parse_config
 from vq_export.default_model import fetch
 from vq_export.model import Llama
 from vq_export.reference import dequantize
 from vq_export.vptq import VPTQ, VPTQConfig, proxy_loss
+from vq_export.vqtensor import VQTensor
 
 
-def parse_config(text: str) -> VPTQConfig:
-    """'v=4,k=256,row_scale=1' -> VPTQConfig, each value converted to the field's type."""
-    types = {f.name: f.type for f in dataclasses.fields(VPTQConfig)}
-    kw = {}
-    for item in text.split(","):
-        key, value = item.split("=")
-        if key not in types:
-            raise SystemExit(f"unknown setting {key!r}; VPTQConfig has {', '.join(types)}")
-        kw[key] = parse_bool(value) if types[key] == "bool" else float(value) if types[key] == "float" else int(value)
-    return VPTQConfig(**kw)
+class FileWeights:
+    """The block linears of a GGUF file as float matrices, with their bits per weight as the file counts them."""
+
+    def __init__(self, path: str):
+        reader = GGUFReader(path)
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.bpw = {t.name: t.bpw for t in bpw.count(path).tensors}
+
+    def weight(self, name: str) -> torch.Tensor:
+        t = self.tensors[name]
+        if ggml_vq.is_vq(t.tensor_type):
+            w = dequantize(VQTensor.from_gguf(name, self.tensors))
+        else:
+            w = gguf_dequantize(t.data, GGMLQuantizationType(t.tensor_type)).reshape([int(x) for x in reversed(t.shape)])
+        return torch.from_numpy(np.asarray(w, dtype=np.float32))
+
+    def type_name(self, name: str) -> str:
+        t = self.tensors[name]
+        return ggml_vq.type_name(ggml_vq.rate_quarters(t.tensor_type)) if ggml_vq.is_vq(t.tensor_type) else t.tensor_type.name
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF source (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--tensors", nargs="+", required=True, help="blk.N.NAME, e.g. blk.3.ffn_down")
-    ap.add_argument("--configs", nargs="+", required=True, help="comma-separated VPTQConfig settings")
+    ap.add_argument("--configs", nargs="+", default=[], help="comma-separated VPTQConfig settings")
+    ap.add_argument("--files", nargs="+", default=[], metavar="LABEL=PATH", help="score the tensors as these GGUF files hold them")
     ap.add_argument("--calib-windows", type=int, default=32)
     ap.add_argument("--heldout-windows", type=int, default=4)
     args = ap.parse_args(argv)
 
     configs = [(c, parse_config(c)) for c in args.configs]
+    files = [(label, FileWeights(path)) for label, path in (f.split("=", 1) for f in args.files)]
     src = source.load(args.model or fetch(home()))
     wanted = {(int(t.split(".")[1]), t.split(".")[2]) for t in args.tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], args.calib_windows + args.heldout_windows, 512)
@@ -67,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
                 err = proxy_loss(W, torch.from_numpy(dequantize(t)), Hv[h]) / proxy_loss(W, torch.zeros_like(W), Hv[h])
                 bits = 8 * sum(a.nbytes for _, a, _ in t.gguf_tensors("blk.0.w.weight")) / W.numel()
                 print(f"| blk.{i}.{short} | {text} | {err:.2%} | {bits:.3f} | {time.time() - start:.0f} |", flush=True)
+            for label, f in files:
+                name = f"blk.{i}.{short}.weight"
+                err = proxy_loss(W, f.weight(name), Hv[h]) / proxy_loss(W, torch.zeros_like(W), Hv[h])
+                print(f"| blk.{i}.{short} | {label} ({f.type_name(name)}) | {err:.2%} | {f.bpw[name]:.3f} | – |", flush=True)
         with torch.no_grad():
             x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
 

@@ -34,8 +34,8 @@ def resolve_model(model: str) -> Path:
 
 
 def cmd_build(args) -> None:
-    from native.build import build
-    print(build(server=args.server, jobs=args.jobs))
+    from native.build import build, build_sanitize
+    print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
 
 
 def cmd_quantize(args) -> Path:
@@ -51,6 +51,11 @@ def cmd_quantize(args) -> Path:
         cfg = dataclasses.replace(preset.config, **changes)
         preset = dataclasses.replace(preset, name=preset.name + "".join(f"-{k}-{v}" for k, v in changes.items()),
                                      config=cfg, overrides=())
+    if args.tensor_config:
+        import hashlib
+        tag = hashlib.sha256(" ".join(args.tensor_config).encode()).hexdigest()[:8]
+        overrides = tuple(parse_tensor_config(t, preset.config) for t in args.tensor_config)
+        preset = dataclasses.replace(preset, name=f"{preset.name}-tc{tag}", overrides=overrides + preset.overrides)
     if args.independent:
         preset = dataclasses.replace(preset, name=preset.name + "-independent", sequential=False)
     if args.calib_windows:
@@ -158,7 +163,7 @@ def cmd_demo(args) -> None:
     args.model, args.out, args.v, args.k, args.k_res, args.only = "default", None, None, None, None, None
     path = cmd_quantize(args)
     print(f"\n> {args.prompt}")
-    args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, 2048, None, False
+    args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, None, None, False
     cmd_chat(args)
     from tools import compare
     readme = Path(__file__).resolve().parent.parent / "README.md"
@@ -181,6 +186,29 @@ def parse_bool(text: str) -> bool:
     return text.lower() in ("1", "true", "yes")
 
 
+def parse_config(text: str, base=None):
+    """'v=4,k=256,row_scale=1' -> a VPTQConfig (or `base`'s type, starting from `base`), each value of its field's type."""
+    import dataclasses
+
+    from .vptq import VPTQConfig
+    types = {f.name: f.type for f in dataclasses.fields(base or VPTQConfig)}
+    kw = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in types:
+            raise SystemExit(f"unknown setting {key!r} in {text!r}; the config has {', '.join(types)}")
+        kw[key] = parse_bool(value) if types[key] == "bool" else float(value) if types[key] == "float" else int(value)
+    return dataclasses.replace(base, **kw) if base is not None else VPTQConfig(**kw)
+
+
+def parse_tensor_config(text: str, base) -> tuple[str, object]:
+    """'ffn_down@0,-1:v=2,k=64' -> ('ffn_down@0,-1', base with v=2, k=64): a Preset override."""
+    key, sep, settings = text.partition(":")
+    if not sep or not settings:
+        raise SystemExit(f"--tensor-config {text!r}: expected KIND[@BLOCKS]:SETTING=VALUE,..., e.g. ffn_down@0,-1:v=2,k=64")
+    return key, parse_config(settings, base)
+
+
 # per-tensor settings a quantize flag may override: (flag, type, help); the preset's overrides then no longer apply
 CONFIG_FLAGS = {
     "v": (int, "vector length"),
@@ -199,6 +227,9 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
     for name, (typ, text) in CONFIG_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=text + " (overrides the preset)")
+    p.add_argument("--tensor-config", nargs="+", default=None, metavar="KIND[@BLOCKS]:SETTINGS",
+                   help="other settings for some tensors, e.g. ffn_down@0,-1:v=2,k=64 (blocks counted from the end "
+                        "when negative; before the preset's own overrides)")
     p.add_argument("--independent", action="store_true",
                    help="Hessians of every block from the float model (the reference VPTQ), not from the quantized earlier blocks")
     p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="q8_0",
@@ -217,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("build", help="build the patched llama.cpp and the runtime bindings")
     p.add_argument("--server", action="store_true")
+    p.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (clang; docs/hardening.md)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=cmd_build)
 
@@ -236,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("chat", help="chat with a GGUF through the patched llama.cpp")
     p.add_argument("file")
     add_sampling(p)
-    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--ctx", type=int, default=None, help="context in tokens (default: 2048, or the model's training context if smaller)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     p.set_defaults(func=cmd_chat)
@@ -285,9 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         args.func(args)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        sys.exit(f"vq-gguf {args.cmd}: {e}")
-    except RuntimeError as e:
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # bad input, unwritable output, llama.cpp's refusals
         sys.exit(f"vq-gguf {args.cmd}: {e}")
 
 

@@ -3,7 +3,11 @@ tensors (docs/format.md), and every other tensor in a standard type. Written to 
 same folder, then renamed: a crash never leaves a half-written model under the final name."""
 from __future__ import annotations
 
+import errno
+import glob
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Mapping
 
@@ -34,6 +38,30 @@ def plain_tensor(values: np.ndarray, type_name: str) -> tuple[np.ndarray, GGMLQu
     return quantize(values.astype(np.float32), qtype), qtype
 
 
+def remove_stale_tmp(path: Path) -> None:
+    """Remove the temporary files of earlier writes of `path` whose process is gone (killed before the rename)."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2: -len(".tmp")]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
+
+
+def check_writable(path: Path, need_bytes: int) -> None:
+    """Before hours of work: the output folder can be created and written, and has room for need_bytes.
+    Raises OSError with the folder and the figures."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.probe"):
+            pass
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write the output {path} in {folder}: {e.strerror or e}") from e
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise OSError(errno.ENOSPC, f"not enough free space for {path}: about {need_bytes / 2**20:.1f} MiB needed "
+                                    f"(the GGUF, its temporary copy and the resume parts), {free / 2**20:.1f} MiB free in {folder}")
+
+
 def write(path: str | os.PathLike, source: SourceModel, *, vq: Mapping[str, VQTensor] | None = None,
           override: Mapping[str, np.ndarray] | None = None, other_type: str = "q8_0",
           extra_kv: Mapping[str, str] | None = None, progress: bool = False) -> Path:
@@ -45,6 +73,7 @@ def write(path: str | os.PathLike, source: SourceModel, *, vq: Mapping[str, VQTe
         raise KeyError(f"tensors not in the source model: {sorted(unknown)[:5]}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
     writer = GGUFWriter(tmp, source.arch)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import resource
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGUFReader
 from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
@@ -50,7 +51,7 @@ class Preset:
     name: str
     method: str                                     # "kmeans" or "vptq"
     config: VQConfig | VPTQConfig                   # for every block linear ...
-    overrides: tuple[tuple[str, VPTQConfig], ...] = ()  # ... except those whose name contains the key
+    overrides: tuple[tuple[str, VPTQConfig], ...] = ()  # ... except those a key KIND[@BLOCKS] selects (first match)
     n_calib: int = 32                               # calibration windows (vptq)
     seq_len: int = 512                              # tokens per window
     n_heldout: int = 4                              # windows kept out of the Hessians, for the error report
@@ -58,16 +59,22 @@ class Preset:
     finetune_steps: int = 0                         # end-to-end KL fine-tuning of codebooks and norms (0: none)
     finetune_lr: float = 1e-4
 
-    def config_for(self, name: str):
+    def config_for(self, name: str, n_blocks: int):
+        """The config of block linear `name` (blk.N.KIND.weight) in a model of n_blocks blocks. Override keys:
+        KIND (every block) or KIND@B,B,... with block numbers counted from the end when negative."""
+        _, block, kind, _ = name.split(".")
         for key, cfg in self.overrides:
-            if key in name:
+            k, _, blocks = key.partition("@")
+            if k == kind and (not blocks or int(block) in {int(b) % n_blocks for b in blocks.split(",")}):
                 return cfg
         return self.config
 
 
 PRESETS = {
     "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
-    "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256)),
+    # the first and last blocks' ffn_down hurt most (tools.sensitivity --each): a few more bits there pay off
+    "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256),
+                   overrides=(("ffn_down@0", VPTQConfig(v=2, k=64)), ("ffn_down@-1", VPTQConfig(v=2, k=32)))),
     # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
     "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64)),
     "4bit": Preset("4bit", "vptq", VPTQConfig(v=2, k=256)),
@@ -163,6 +170,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     if run.out.exists() and _file_key(run.out) == run.key:
         print(f"[quantize] {run.out} is up to date (same source, settings, calibration and seed)", flush=True)
         return run.out
+    gguf_writer.check_writable(run.out, 2 * estimate_bytes(run) + 2**20)  # the GGUF's temporary copy and the parts
     run.parts.mkdir(parents=True, exist_ok=True)
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
@@ -182,6 +190,20 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     return path
 
 
+def estimate_bytes(run: Run) -> int:
+    """About the size of the output GGUF: index bits and codebooks of the VQ weights, other tensors in their type."""
+    other = GGML_QUANT_SIZES[gguf_writer.PLAIN_TYPES[run.other_type][0]]
+    total = 0.0
+    for name, W in run.source.tensors.items():
+        if name in run.names:
+            cfg = run.preset.config_for(name, run.source.n_blocks)
+            bits = math.log2(cfg.k) + (math.log2(cfg.k_res) if cfg.k_res else 0)
+            total += W.size * bits / cfg.v / 8 + 2 * cfg.v * (cfg.k + cfg.k_res) + 16 * sum(W.shape)
+        else:
+            total += W.size * (4 if W.ndim < 2 else other[1] / other[0])
+    return int(total)
+
+
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
     done, report = {}, {}
     for name in tqdm(run.names, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True):
@@ -189,7 +211,7 @@ def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
         if part.exists():
             done[name], report[name] = _load_part(part)
             continue
-        done[name] = quantize_linear(run.source.tensors[name], run.preset.config_for(name), seed=run.seed)
+        done[name] = quantize_linear(run.source.tensors[name], run.preset.config_for(name, run.source.n_blocks), seed=run.seed)
         report[name] = {}
         _save_part(part, done[name], report[name])
     return done, report
@@ -219,7 +241,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             if part.exists():
                 t, rep = _load_part(part)
             else:
-                cfg = dataclasses.replace(preset.config_for(name), seed=run.seed)
+                cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
                 t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg).quantize()
                 W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
                 hv = H_val[hessian.INPUT_OF[short]]

@@ -51,6 +51,10 @@ class SourceModel:
         """The block linears, in file order: what the quantizer replaces."""
         return [name for name in self.tensors if LINEAR_RE.match(name)]
 
+    @property
+    def n_blocks(self) -> int:
+        return 1 + max((int(name.split(".")[1]) for name in self.linear_names()), default=-1)
+
 
 def read_metadata(reader: GGUFReader) -> list[KV]:
     """Every key-value pair of a GGUF file except the header's own (GGUF.*)."""

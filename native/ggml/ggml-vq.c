@@ -4,6 +4,7 @@
 #include "ggml-vq.h"
 #include "ggml-impl.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +76,7 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
     L->v  = (int32_t) cb->ne[0];
     L->b1 = vq_log2(cb->ne[1]);
     L->G  = cb->ne[2];
-    if (L->v < 1 || L->v > 64 || L->out % L->v != 0) {
+    if (cb->ne[0] < 1 || cb->ne[0] > 64 || L->out % cb->ne[0] != 0) {
         return vq_fail(err, err_size, "codebook vector length %lld does not divide the %lld output channels", (long long) cb->ne[0], (long long) L->out);
     }
     if (L->b1 < 0) {
@@ -127,7 +128,7 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
         L->v0 = (int32_t) ocb->ne[0];
         L->b0 = vq_log2(ocb->ne[1]);
         L->n_o = ocols->ne[0];
-        if (L->v0 < 1 || L->out % L->v0 != 0 || L->b0 < 0) {
+        if (ocb->ne[0] < 1 || ocb->ne[0] > L->out || L->out % ocb->ne[0] != 0 || L->b0 < 0) {
             return vq_fail(err, err_size, "outlier codebook [%lld, %lld] needs v0 dividing %lld and a power-of-two size",
                            (long long) ocb->ne[0], (long long) ocb->ne[1], (long long) L->out);
         }
@@ -151,7 +152,38 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
     return true;
 }
 
+// index of the first NaN or infinite value, or -1
+static int64_t vq_first_nonfinite_f16(const ggml_fp16_t * x, int64_t n) {
+    for (int64_t i = 0; x && i < n; ++i) {
+        if ((x[i] & 0x7c00) == 0x7c00) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int64_t vq_first_nonfinite_f32(const float * x, int64_t n) {
+    for (int64_t i = 0; x && i < n; ++i) {
+        if (!isfinite(x[i])) {
+            return i;
+        }
+    }
+    return -1;
+}
+
 bool ggml_vq_check_data(const struct ggml_vq_layout * L, char * err, size_t err_size) {
+    const struct { const char * what; int64_t at; } finite[] = {
+        { ggml_vq_side_suffix(GGML_VQ_CODEBOOK),         vq_first_nonfinite_f16(L->codebook, ((int64_t) L->v << L->b1) * L->G) },
+        { ggml_vq_side_suffix(GGML_VQ_RES_CODEBOOK),     vq_first_nonfinite_f16(L->res_codebook, ((int64_t) L->v << L->b2) * L->G) },
+        { ggml_vq_side_suffix(GGML_VQ_COL_NORM),         vq_first_nonfinite_f32(L->col_norm, 2 * L->in) },
+        { ggml_vq_side_suffix(GGML_VQ_ROW_SCALE),        vq_first_nonfinite_f32(L->row_scale, L->out) },
+        { ggml_vq_side_suffix(GGML_VQ_OUTLIER_CODEBOOK), vq_first_nonfinite_f16(L->outlier_codebook, (int64_t) L->v0 << L->b0) },
+    };
+    for (size_t i = 0; i < sizeof(finite) / sizeof(finite[0]); ++i) {
+        if (finite[i].at >= 0) {
+            return vq_fail(err, err_size, "%s: value %lld is NaN or infinite", finite[i].what, (long long) finite[i].at);
+        }
+    }
     if (L->perm) {
         uint8_t * seen = calloc((size_t) L->in, 1);
         if (!seen) {

@@ -71,22 +71,25 @@ static int vq_isa_compiled(void) {
 #endif
 }
 
+static atomic_int vq_isa_cached = -1;
+
+void ggml_vq_cpu_set_isa(const char * name) {
+    static const char * names[] = { "ref", "scalar", "avx2", "avx512", "vbmi" };
+    int isa = vq_isa_compiled();
+    for (int i = 0; name && i < 5; ++i) {
+        if (strcmp(name, names[i]) == 0) {
+            isa = i < isa ? i : isa;
+        }
+    }
+    atomic_store_explicit(&vq_isa_cached, isa, memory_order_relaxed);
+}
+
 // the best compiled instruction set, capped by the environment variable GGML_VQ_ISA (read once)
 static int vq_isa(void) {
-    static atomic_int cached = -1;
-    int isa = atomic_load_explicit(&cached, memory_order_relaxed);
+    int isa = atomic_load_explicit(&vq_isa_cached, memory_order_relaxed);
     if (isa < 0) {
-        isa = vq_isa_compiled();
-        const char * s = getenv("GGML_VQ_ISA");
-        if (s) {
-            static const char * names[] = { "ref", "scalar", "avx2", "avx512", "vbmi" };
-            for (int i = 0; i < 5; ++i) {
-                if (strcmp(s, names[i]) == 0) {
-                    isa = i < isa ? i : isa;
-                }
-            }
-        }
-        atomic_store_explicit(&cached, isa, memory_order_relaxed);
+        ggml_vq_cpu_set_isa(getenv("GGML_VQ_ISA"));
+        isa = atomic_load_explicit(&vq_isa_cached, memory_order_relaxed);
     }
     return isa;
 }

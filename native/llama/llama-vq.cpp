@@ -8,11 +8,14 @@
 
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 static const std::string VQ_WEIGHT_SUFFIX = ".weight";
+static const std::string VQ_SIDE_MARK     = ".vq_";  // every side tensor is <base>.vq_*
 
 void llama_vq_sides::load(llama_model_loader & ml) {
+    std::unordered_set<std::string> side_names;
     for (const auto & [name, tw] : ml.weights_map) {
         if (!ggml_is_vq(tw.tensor->type)) {
             continue;
@@ -59,33 +62,42 @@ void llama_vq_sides::load(llama_model_loader & ml) {
             throw std::runtime_error(format("VQ tensor '%s': %s", name.c_str(), err));
         }
         sides[w] = s;
+        for (const ggml_tensor * t : s) {
+            if (t) {
+                side_names.insert(ggml_get_name(t));
+            }
+        }
+    }
+    // a side tensor that no VQ weight claimed: a weight that is not VQ, a misspelt or unknown side
+    for (const auto & [name, tw] : ml.weights_map) {
+        if (name.find(VQ_SIDE_MARK) != std::string::npos && !side_names.count(name)) {
+            throw std::runtime_error(format("tensor '%s' looks like a VQ side tensor, but no VQ weight '%s.weight' with such a side exists",
+                    name.c_str(), name.substr(0, name.find(VQ_SIDE_MARK)).c_str()));
+        }
     }
     if (!sides.empty()) {
         LLAMA_LOG_INFO("%s: %zu VQ weights (format %d)\n", __func__, sides.size(), GGML_VQ_FORMAT_VERSION);
     }
 }
 
-// copy of a tensor's data on the host (the tensor may live on any backend)
-static std::vector<uint8_t> host_copy(const ggml_tensor * t) {
-    std::vector<uint8_t> data;
-    if (t) {
-        data.resize(ggml_nbytes(t));
-        ggml_backend_tensor_get(t, data.data(), 0, data.size());
-    }
-    return data;
-}
-
 void llama_vq_sides::check_data() const {
     for (const auto & [w, s] : sides) {
+        // the side tensors with their data copied to the host (they may live on any backend)
+        std::array<std::vector<uint8_t>, GGML_VQ_N_SIDES> data;
+        std::array<ggml_tensor, GGML_VQ_N_SIDES> host;
+        std::array<ggml_tensor *, GGML_VQ_N_SIDES> hs{};
+        for (int i = 0; i < GGML_VQ_N_SIDES; ++i) {
+            if (s[i]) {
+                data[i].resize(ggml_nbytes(s[i]));
+                ggml_backend_tensor_get(s[i], data[i].data(), 0, data[i].size());
+                host[i] = *s[i];
+                host[i].data = data[i].data();
+                hs[i] = &host[i];
+            }
+        }
         ggml_vq_layout layout;
         char err[256];
-        GGML_ASSERT(ggml_vq_layout_init(&layout, w, s.data(), err, sizeof(err)));
-        const auto perm = host_copy(s[GGML_VQ_PERM]);
-        const auto cols = host_copy(s[GGML_VQ_OUTLIER_COLS]);
-        const auto oidx = host_copy(s[GGML_VQ_OUTLIER_IDX]);
-        layout.perm         = perm.empty() ? nullptr : (const int32_t *) perm.data();
-        layout.outlier_cols = cols.empty() ? nullptr : (const int32_t *) cols.data();
-        layout.outlier_idx  = oidx.empty() ? nullptr : (const int16_t *) oidx.data();
+        GGML_ASSERT(ggml_vq_layout_init(&layout, w, hs.data(), err, sizeof(err)));
         if (!ggml_vq_check_data(&layout, err, sizeof(err))) {
             throw std::runtime_error(format("VQ tensor '%s': %s", ggml_get_name(w), err));
         }

@@ -17,7 +17,7 @@ struct llama_vq_sides {
     // weight's own context (so they share its buffer and device) and check their shapes; throws on error
     void load(llama_model_loader & ml);
 
-    // after the tensor data is loaded: check perm and outlier data; throws on error
+    // after the tensor data is loaded: check the side data (finite values, permutation, outliers); throws on error
     void check_data() const;
 
     // attach the side tensors if res is a MUL_MAT of a VQ weight; returns res
