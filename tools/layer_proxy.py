@@ -18,8 +18,7 @@ import time
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
+from gguf import GGUFReader
 
 from native.build import home
 from vq_export import bpw, ggml_vq, hessian, source
@@ -28,29 +27,21 @@ from vq_export.cli import parse_config
 from vq_export.default_model import fetch
 from vq_export.model import Llama
 from vq_export.reference import dequantize
-from vq_export.vptq import VPTQ, VPTQConfig, proxy_loss
+from vq_export.vptq import VPTQ, proxy_loss
 from vq_export.vqtensor import VQTensor
 
 
 class FileWeights:
-    """The block linears of a GGUF file as float matrices, with their bits per weight as the file counts them."""
+    """The block linears of a GGUF file as float matrices, with their type and bits per weight as the file counts them."""
 
     def __init__(self, path: str):
-        reader = GGUFReader(path)
-        self.tensors = {t.name: t for t in reader.tensors}
-        self.bpw = {t.name: t.bpw for t in bpw.count(path).tensors}
+        self.tensors = {t.name: t for t in GGUFReader(path).tensors}
+        self.bits = {t.name: t for t in bpw.count(path).tensors}
 
     def weight(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
-        if ggml_vq.is_vq(t.tensor_type):
-            w = dequantize(VQTensor.from_gguf(name, self.tensors))
-        else:
-            w = gguf_dequantize(t.data, GGMLQuantizationType(t.tensor_type)).reshape([int(x) for x in reversed(t.shape)])
+        w = dequantize(VQTensor.from_gguf(name, self.tensors)) if ggml_vq.is_vq(t.tensor_type) else source.dequantize_tensor(t)
         return torch.from_numpy(np.asarray(w, dtype=np.float32))
-
-    def type_name(self, name: str) -> str:
-        t = self.tensors[name]
-        return ggml_vq.type_name(ggml_vq.rate_quarters(t.tensor_type)) if ggml_vq.is_vq(t.tensor_type) else t.tensor_type.name
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,16 +70,17 @@ def main(argv: list[str] | None = None) -> None:
             Hv, _ = hessian.collect(blk, x[n:])
         for short in names:
             W, h = blk.w[short], hessian.INPUT_OF[short]
+            loss_of_zero = proxy_loss(W, torch.zeros_like(W), Hv[h])
             for text, cfg in configs:
                 start = time.time()
                 t = VPTQ(W, H[h], cfg).quantize()
-                err = proxy_loss(W, torch.from_numpy(dequantize(t)), Hv[h]) / proxy_loss(W, torch.zeros_like(W), Hv[h])
+                err = proxy_loss(W, torch.from_numpy(dequantize(t)), Hv[h]) / loss_of_zero
                 bits = 8 * sum(a.nbytes for _, a, _ in t.gguf_tensors("blk.0.w.weight")) / W.numel()
                 print(f"| blk.{i}.{short} | {text} | {err:.2%} | {bits:.3f} | {time.time() - start:.0f} |", flush=True)
             for label, f in files:
                 name = f"blk.{i}.{short}.weight"
-                err = proxy_loss(W, f.weight(name), Hv[h]) / proxy_loss(W, torch.zeros_like(W), Hv[h])
-                print(f"| blk.{i}.{short} | {label} ({f.type_name(name)}) | {err:.2%} | {f.bpw[name]:.3f} | – |", flush=True)
+                err = proxy_loss(W, f.weight(name), Hv[h]) / loss_of_zero
+                print(f"| blk.{i}.{short} | {label} ({f.bits[name].type}) | {err:.2%} | {f.bits[name].bpw:.3f} | – |", flush=True)
         with torch.no_grad():
             x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
 

@@ -52,5 +52,6 @@ def main(argv: list[str] | None = None) -> None:
         start = time.time()
         print(f"| {kind} | {len(part)} | {kl_to_float(src, part, tokens):.4f} | {time.time() - start:.0f} |", flush=True)
 
+
 if __name__ == "__main__":
     main()

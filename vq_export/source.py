@@ -8,6 +8,7 @@ Two inputs are accepted:
 """
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -51,7 +52,7 @@ class SourceModel:
         """The block linears, in file order: what the quantizer replaces."""
         return [name for name in self.tensors if LINEAR_RE.match(name)]
 
-    @property
+    @functools.cached_property
     def n_blocks(self) -> int:
         return 1 + max((int(name.split(".")[1]) for name in self.linear_names()), default=-1)
 
@@ -66,6 +67,12 @@ def read_metadata(reader: GGUFReader) -> list[KV]:
         sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
         kvs.append(KV(f.name, f.contents(), vtype, sub))
     return kvs
+
+
+def dequantize_tensor(t) -> np.ndarray:
+    """A GGUFReader tensor of a llama.cpp type as float32 in numpy order (a writable copy, not a view of the file)."""
+    values = dequantize(t.data, GGMLQuantizationType(t.tensor_type))
+    return np.array(values, dtype=np.float32).reshape(tuple(int(x) for x in reversed(t.shape)))
 
 
 def load_gguf(path: Path) -> SourceModel:
@@ -88,12 +95,10 @@ def load_gguf(path: Path) -> SourceModel:
     for t in reader.tensors:
         if ggml_vq.is_vq(t.tensor_type):
             raise SourceError(f"{path}: tensor {t.name} is already VQ-quantized; start from a float or llama.cpp-quantized file")
-        shape = tuple(int(x) for x in reversed(t.shape))
         try:
-            values = dequantize(t.data, GGMLQuantizationType(t.tensor_type))
+            values = dequantize_tensor(t)
         except NotImplementedError as e:
             raise SourceError(f"{path}: cannot dequantize {t.name} of type {t.tensor_type.name}") from e
-        values = np.array(values, dtype=np.float32).reshape(shape)  # a writable copy, not a view of the file
         if not np.isfinite(values).all():
             bad = int((~np.isfinite(values)).sum())
             raise SourceError(f"{path}: tensor {t.name} has {bad} NaN or infinite values")
