@@ -8,7 +8,6 @@ Two inputs are accepted:
 """
 from __future__ import annotations
 
-import functools
 import re
 import subprocess
 import sys
@@ -52,7 +51,7 @@ class SourceModel:
         """The block linears, in file order: what the quantizer replaces."""
         return [name for name in self.tensors if LINEAR_RE.match(name)]
 
-    @functools.cached_property
+    @property
     def n_blocks(self) -> int:
         return 1 + max((int(name.split(".")[1]) for name in self.linear_names()), default=-1)
 
