@@ -85,6 +85,20 @@ def test_residual_adds_a_synthetic_residual_codebook(ffn_down_file, tmp_path):
     assert "0 failed" in run(["file", out, 3], "vbmi")
 
 
+def test_residual_keeps_the_weights_it_cannot_widen(feature_files, tmp_path):
+    # a preset's mix has tensors that already have a residual or whose wider rate has no VQ type: kept as they are
+    from gguf import GGUFReader
+    vq_path, _, vq = feature_files
+    out = tmp_path / "res256.gguf"
+    text = run(["residual", vq_path, out, 256], "vbmi")
+    kept = [n for n, t in vq.items() if t.res_codebook is not None]
+    assert kept and all(f"kept {n} as it is" in text for n in kept)
+    before = {t.name: t for t in GGUFReader(vq_path).tensors}
+    after = {t.name: t for t in GGUFReader(out).tensors}
+    assert all(after[n].tensor_type == before[n].tensor_type and bytes(after[n].data) == bytes(before[n].data) for n in kept)
+    assert "0 failed" in run(["file", out, 3], "vbmi")
+
+
 def test_backend_option_runs_the_graph_through_ggml_backend():
     # the path tools/gpu_check.sh takes with --backend CUDA0, here on the CPU backend: tensors copied into a
     # backend buffer, the graph computed by ggml_backend_graph_compute, two runs bitwise equal

@@ -9,7 +9,7 @@ import torch
 from runtime.llama import Model
 from vq_export import quantize
 from vq_export.calib import DEFAULT_CALIB, calibration_tokens
-from vq_export.finetune import VQWeight, finetune, kl_to_float
+from vq_export.finetune import Teacher, VQWeight, finetune, kl_to_float
 from vq_export.quantize import Preset, quantize_model
 from vq_export.reference import dequantize
 from vq_export.vptq import VPTQConfig
@@ -76,13 +76,82 @@ def test_vq_weight_module_decodes_like_the_reference(feature_files):
         np.testing.assert_allclose(VQWeight(vq[name])().detach().numpy(), dequantize(vq[name]), rtol=1e-6, atol=1e-7)
 
 
-def test_finetune_lowers_kl_on_a_tiny_model(tiny_src):
+def _tiny_vq(tiny_src):
     from vq_export.quantize import quantize_linear
-    vq = {n: quantize_linear(tiny_src.tensors[n], quantize.VQConfig(v=4, k=8, iters=4)) for n in tiny_src.linear_names()}
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 1000, (6, 32), generator=g)
-    before = kl_to_float(tiny_src, vq, tokens)
-    norms = finetune(tiny_src, vq, tokens, steps=8, lr=3e-3, batch=3)
+    return {n: quantize_linear(tiny_src.tensors[n], quantize.VQConfig(v=4, k=8, iters=4)) for n in tiny_src.linear_names()}
+
+
+def _tokens(n, length=32):
+    return torch.randint(0, 1000, (n, length), generator=torch.Generator().manual_seed(0))
+
+
+def test_teacher_states_rebuild_the_float_logits(tiny_src):
+    from vq_export.model import Llama
+    tokens = _tokens(3)
+    teacher = Teacher.run(tiny_src, tokens, n_heldout=1)
+    model = Llama(tiny_src)
+    rebuilt = teacher.hidden.float() @ model.head.T
+    torch.testing.assert_close(rebuilt, model(tokens), rtol=2e-3, atol=2e-3 * float(model(tokens).abs().max()))
+
+
+def test_finetune_lowers_kl_and_keeps_the_best_held_out_state(tiny_src):
+    vq = _tiny_vq(tiny_src)
+    tokens = _tokens(28)
+    train, heldout = tokens[:24], tokens[24:]
+    before = kl_to_float(tiny_src, vq, train), kl_to_float(tiny_src, vq, heldout)
+    norms = finetune(tiny_src, vq, Teacher.run(tiny_src, tokens, n_heldout=4), steps=18, lr=1e-3, batch=4, eval_every=3)
     tuned = type(tiny_src)(**{**tiny_src.__dict__, "tensors": {**tiny_src.tensors, **norms}})
-    assert kl_to_float(tuned, vq, tokens) < 0.9 * before
+    assert kl_to_float(tuned, vq, train) < 0.9 * before[0]
+    assert kl_to_float(tuned, vq, heldout) <= before[1] * (1 + 1e-5)   # a worse state than the start is never kept
     assert set(norms) >= {"output_norm.weight", "blk.0.attn_norm.weight", "blk.1.ffn_norm.weight"}
+
+
+def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, tmp_path):
+    """An interrupted run resumes to the same file; a checkpoint kept elsewhere (say, made on a GPU machine)
+    gives the same file again without training; a checkpoint of other inputs is refused."""
+    from vq_export import gguf_writer
+    from vq_export.finetune import finetune_file
+    from vq_export.source import load_quantized
+    vq_file = gguf_writer.write(tmp_path / "tiny-vq.gguf", tiny_src, vq=_tiny_vq(tiny_src), other_type="f32")
+    teacher = Teacher.run(tiny_src, _tokens(6), n_heldout=2).save(tmp_path / "teacher.npz")
+    kw = dict(steps=6, lr=3e-3, batch=2, device="cpu", eval_every=2)
+    whole = finetune_file(vq_file, teacher, tmp_path / "whole.gguf", **kw)
+    assert not list(tmp_path.glob(".whole.gguf.parts-*"))        # the parts folder is gone once written
+
+    ckpt = tmp_path / "moved" / "ft.pt"
+    import vq_export.finetune as ft
+    real = ft.F.kl_div
+    calls = []
+
+    def dies(*a, **k):
+        calls.append(1)
+        if len(calls) == 8:                                        # during step 4 (2 held-out evaluations before)
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    ft.F.kl_div = dies
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            finetune_file(vq_file, teacher, tmp_path / "resumed.gguf", checkpoint=ckpt, **kw)
+    finally:
+        ft.F.kl_div = real
+    assert torch.load(ckpt)["step"] < 6
+    resumed = finetune_file(vq_file, teacher, tmp_path / "resumed.gguf", checkpoint=ckpt, **kw)
+    again = finetune_file(vq_file, teacher, tmp_path / "again.gguf", checkpoint=ckpt, **kw)
+    assert resumed.read_bytes() == whole.read_bytes() == again.read_bytes()
+    src, vq = load_quantized(whole)
+    before, _ = load_quantized(vq_file)
+    assert not np.array_equal(src.tensors["output_norm.weight"], before.tensors["output_norm.weight"])
+    with pytest.raises(ValueError, match="made from"):
+        finetune_file(vq_file, teacher, tmp_path / "other.gguf", checkpoint=ckpt, **{**kw, "lr": 1e-3})
+
+
+def test_quantize_with_finetune_steps_writes_the_tuned_norms(tiny_src, tmp_path):
+    import dataclasses
+    from vq_export.source import load_quantized
+    preset = dataclasses.replace(SMALL, config=VPTQConfig(v=4, k=16, kmeans_iters=4, refit_rounds=0), n_calib=4,
+                                 seq_len=32, finetune_steps=3, finetune_lr=3e-3)
+    out = quantize_model(tiny_src, tmp_path / "tiny-ft.gguf", preset, calib=[DEFAULT_CALIB])
+    model, vq = load_quantized(out)
+    assert len(vq) == len(tiny_src.linear_names())
+    assert not np.array_equal(model.tensors["output_norm.weight"], tiny_src.tensors["output_norm.weight"])
+    assert not list(tmp_path.glob(".tiny-ft.gguf.parts-*"))

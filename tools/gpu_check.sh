@@ -15,6 +15,15 @@
 #        decoded to F16: their speed does not depend on the values)
 #   Results in $OUT (or .gpu/out): gpu_check.md, gpu_check.log (the console) and logs.tar.gz; the last line says how
 #   many checks passed and failed. A second run on the same machine reuses the build (ninja).
+#
+#   Fine-tuning on the GPU while the check runs (the device tool carries 64 MiB a call, so in two calls):
+#   tools/gpu_check.sh pack-finetune TEACHER   here: .gpu-ft/ with the teacher states (`vq-gguf teacher`) and
+#                                       the gguf wheel (the GPU machine has torch but not gguf)
+#   tools/gpu_check.sh start            GPU machine, call 1 (.gpu carried): `run` in the background, returns at once
+#   tools/gpu_check.sh finetune         GPU machine, call 2 (.gpu-ft carried, .gpu still there from call 1):
+#                                       `vq-gguf finetune` of .gpu/vq-2bit.gguf for each "LR STEPS" in $FT_RUNS, side
+#                                       by side, checkpoints to $OUT (turn them into files here with the same
+#                                       command and --checkpoint); then waits for the check and copies its results
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PAYLOAD=.gpu
@@ -78,19 +87,23 @@ run() {
     echo "built in $((SECONDS - t0)) s"
     local bin=$work/build/bin vq=$PAYLOAD/vq-2bit.gguf
 
+    want() { [[ " ${GPU_CHECK_STEPS:-1 2 3} " == *" $1 "* ]]; }   # GPU_CHECK_STEPS="2 3": a rerun after a fix
+    local p_cpu p_gpu p_half
+    if want 1; then
     step "1. kernels against the C reference decoder"
     check $logs/kernels-random.log "$bin/test-vq-matmul" --backend CUDA0 random 7
     tail -1 $logs/kernels-random.log
     check $logs/kernels-file.log "$bin/test-vq-matmul" --backend CUDA0 file $vq 14
     tail -1 $logs/kernels-file.log
+    fi
 
+    if want 2; then
     step "2. perplexity on the slice ($PPL_CHUNKS chunks of 512)"
     ppl() { # args: label, then llama-perplexity options; prints the final estimate
         "$bin/llama-perplexity" -m $vq -f $PAYLOAD/eval.txt -c 512 -b 512 --chunks $PPL_CHUNKS -t "$(nproc)" "${@:2}" \
             > "$logs/ppl-$1.log" 2>&1
         grep -o 'Final estimate: PPL = [0-9.]*' "$logs/ppl-$1.log" | awk '{print $5}'
     }
-    local p_cpu p_gpu p_half
     p_cpu=$(CUDA_VISIBLE_DEVICES= ppl cpu -ngl 0)
     p_gpu=$(ppl gpu -ngl 99)
     p_half=$(ppl half -ngl 15)   # partial offload: codebooks travel with their weights (and op offload of CPU layers)
@@ -98,24 +111,33 @@ run() {
     close() { python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(not abs(a - b) <= $PPL_REL_TOL * b)" "$1" "$2"; }
     check /dev/null close "${p_gpu:-nan}" "${p_cpu:-0}"
     check /dev/null close "${p_half:-nan}" "${p_cpu:-0}"
+    fi
 
+    if want 3; then
     step "3. llama-bench, all layers on the GPU"
     "$bin/test-vq-matmul" decode $vq $work/f16.gguf > $logs/decode.log 2>&1
     "$bin/test-vq-matmul" residual $vq $work/vq-3bit.gguf 16 > $logs/residual.log 2>&1
     "$bin/test-vq-matmul" residual $vq $work/vq-4bit.gguf 256 >> $logs/residual.log 2>&1
     "$bin/llama-imatrix" -m $work/f16.gguf -f $PAYLOAD/eval.txt -c 512 --chunks 20 -ngl 99 -o $work/imatrix.gguf \
         > $logs/imatrix.log 2>&1
-    local models=(-m $vq -m $work/vq-3bit.gguf -m $work/vq-4bit.gguf)
+    local models=($vq $work/vq-3bit.gguf $work/vq-4bit.gguf) f
     for q in Q2_K IQ2_XXS Q4_K_M; do
         "$bin/llama-quantize" --allow-requantize --imatrix $work/imatrix.gguf --token-embedding-type q8_0 \
             --output-tensor-type q8_0 $work/f16.gguf $work/$q.gguf $q "$(nproc)" > $logs/quantize-$q.log 2>&1 \
-            && models+=(-m $work/$q.gguf)
+            && models+=($work/$q.gguf)
     done
-    bench() { "$bin/llama-bench" "$@" > $logs/bench.json 2> $logs/bench.log || { tail -20 $logs/bench.log; return 1; }; }
-    check $logs/bench.out bench "${models[@]}" -ngl 99 -p 512 -n 128 -r 5 -o json
-    python3 - $logs/bench.json > $logs/bench.md <<'PY'
+    bench() { "$bin/llama-bench" -m "$1" -ngl 99 -p 512 -n 128 -r 5 -o json > "$logs/bench-$(basename "$1" .gguf).json"; }
+    for f in "${models[@]}"; do   # one run per file: a file that does not load loses only its own row
+        check $logs/bench-$(basename "$f" .gguf).log bench "$f"
+    done
+    python3 - $logs/bench-*.json > $logs/bench.md <<'PY'
 import json, os, sys
-runs = json.load(open(sys.argv[1]))
+runs = []
+for f in sys.argv[1:]:
+    try:
+        runs += json.load(open(f))
+    except ValueError:   # the file did not load: its check failed above
+        pass
 ts = {}
 for r in runs:
     name = os.path.basename(r["model_filename"]).removesuffix(".gguf")
@@ -130,6 +152,7 @@ met = vq >= ref["IQ2_XXS"] and vq >= 0.8 * ref["Q2_K"]
 print(f"\nBar (2bit tg128 >= IQ2_XXS and >= 0.8 x Q2_K): {'met' if met else 'NOT met'}")
 PY
     cat $logs/bench.md
+    fi
 
     {
         echo "# GPU check $(date -u '+%F %T') UTC"
@@ -151,8 +174,46 @@ PY
     [ "$failed" = 0 ]
 }
 
+pack_finetune() {
+    local teacher=${1:?teacher .npz of vq-gguf teacher}
+    mkdir -p .gpu-ft && rm -f .gpu-ft/*
+    cp "$teacher" .gpu-ft/teacher.npz
+    python3 -m pip download -q --no-deps -d .gpu-ft "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+    du -ch .gpu-ft/* | tail -1
+}
+
+CHECK_WORK=/tmp/vq-gpu-check
+start() {
+    mkdir -p $CHECK_WORK
+    OUT=$CHECK_WORK/out setsid nohup bash "$0" run > $CHECK_WORK/console.log 2>&1 < /dev/null &
+    echo $! > $CHECK_WORK/check.pid
+    sleep 2; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; echo "check started (pid $(cat $CHECK_WORK/check.pid))"
+}
+
+finetune() {
+    local out=${OUT:-.gpu-ft/out} deadline=$((SECONDS + ${FT_WAIT:-480}))
+    mkdir -p "$out"
+    [ -f $PAYLOAD/vq-2bit.gguf ] || { echo "no $PAYLOAD/vq-2bit.gguf: call 1 (start) did not run on this machine"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-ft/gguf-*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    local pids=() lr steps
+    while read -r lr steps; do
+        timeout "${FT_SECONDS:-360}" python3 -c "from vq_export.cli import main; main()" finetune $PAYLOAD/vq-2bit.gguf \
+            --teacher .gpu-ft/teacher.npz --out /tmp/ft-$lr.gguf --steps "$steps" --lr "$lr" --batch "${FT_BATCH:-8}" \
+            --eval-every 100 --checkpoint "$out/ft-$lr.pt" > "$out/ft-$lr.log" 2>&1 &
+        pids+=($!)
+    done <<< "${FT_RUNS:-1e-4 1500}"
+    for p in "${pids[@]}"; do wait "$p"; echo "fine-tuning exit $?"; done
+    grep -h "held-out KL" "$out"/ft-*.log | tail -20
+    while kill -0 "$(cat $CHECK_WORK/check.pid 2>/dev/null)" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    cp $CHECK_WORK/out/* "$out/" 2>/dev/null; tail -30 $CHECK_WORK/console.log
+}
+
 case "${1:-}" in
     pack) shift; pack "$@" ;;
+    pack-finetune) shift; pack_finetune "$@" ;;
     run) run ;;
-    *) sed -n 2,20p "$0"; exit 2 ;;
+    start) start ;;
+    finetune) finetune ;;
+    *) sed -n 2,30p "$0"; exit 2 ;;
 esac

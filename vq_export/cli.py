@@ -2,6 +2,8 @@
 
     vq-gguf build                      build the patched llama.cpp (fetch, check, patch, compile)
     vq-gguf quantize --preset 2bit     quantize the default model (or --model PATH)
+    vq-gguf teacher --out T.npz        the float model's states on calibration windows, for finetune
+    vq-gguf finetune FILE --teacher T.npz   end-to-end fine-tuning of FILE's codebooks and norms (GPU if any)
     vq-gguf inspect FILE               tensor types, VQ geometry, bits per weight counted from the file
     vq-gguf chat FILE --prompt "..."   chat one prompt (or interactively without --prompt)
     vq-gguf serve FILE                 llama-server on FILE: an OpenAI-compatible API on 127.0.0.1:8080
@@ -68,6 +70,28 @@ def cmd_quantize(args) -> Path:
                           calib=args.calib)
     print_summary(path)
     return path
+
+
+def cmd_teacher(args) -> None:
+    from . import source
+    from .calib import DEFAULT_CALIB, calibration_tokens
+    from .finetune import Teacher
+    from native.build import tree_dir
+
+    src = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    tokens = calibration_tokens(src.path, args.calib or [DEFAULT_CALIB], args.windows + args.heldout, 512, args.seed)
+    print(Teacher.run(src, tokens, args.heldout).save(Path(args.out)))
+
+
+def cmd_finetune(args) -> None:
+    from .finetune import finetune_file
+    from .quantize import default_device
+
+    out = Path(args.out) if args.out else Path(args.file).with_suffix(".ft.gguf")
+    path = finetune_file(Path(args.file), Path(args.teacher), out, steps=args.steps, lr=args.lr, batch=args.batch,
+                         device=args.device or default_device(), checkpoint=args.checkpoint, seed=args.seed,
+                         eval_every=args.eval_every)
+    print_summary(path)
 
 
 def print_summary(path: Path) -> None:
@@ -258,6 +282,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", nargs="+", default=None, help="quantize only tensors whose name contains one of these")
     add_quantize(p)
     p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("teacher", help="the float model's output-norm states on calibration windows (for finetune)")
+    p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="output .npz")
+    p.add_argument("--windows", type=int, default=96, help="training windows of 512 tokens (96 + 8: 59 MB, what the GPU tool carries)")
+    p.add_argument("--heldout", type=int, default=8, help="held-out windows that choose the step kept")
+    p.add_argument("--calib", nargs="+", default=None, help="calibration text (default: ../shared/data/calib)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the window draw")
+    p.set_defaults(func=cmd_teacher)
+
+    p = sub.add_parser("finetune", help="fine-tune a VQ file's codebooks and norms end to end against a teacher")
+    p.add_argument("file")
+    p.add_argument("--teacher", required=True, help=".npz of `vq-gguf teacher` for FILE's float model")
+    p.add_argument("--out", default=None, help="output GGUF (default: FILE with .ft.gguf)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate, cosine down to a tenth")
+    p.add_argument("--batch", type=int, default=4, help="windows per step")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint file (default: in a parts folder beside --out, "
+                                                      "removed when done); one of --steps steps is only written out")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations")
+    p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("inspect", help="show a GGUF's tensors, VQ geometry and bits per weight")
     p.add_argument("file")

@@ -1,9 +1,20 @@
 """End-to-end fine-tuning with the indices fixed: train the codebooks and the RMSNorm weights so that the
-quantized model's next-token distribution matches the float model's (KL-divergence on the logits) over the
-calibration windows. Resumable: a checkpoint is written atomically every few steps."""
+quantized model's next-token distribution matches the float model's (KL-divergence on the logits).
+
+The float model runs once (`Teacher.run`): its output-norm states are kept, and each step rebuilds the float
+logits from them with the head the quantized model uses too (the token embedding or output weight, the same
+values at Q8_0). So a step costs one forward and backward pass of the student only, and training can run on a
+machine that does not hold the float model: 128 windows of 512 tokens are 75 MB of F16 states.
+A checkpoint is written atomically at every held-out evaluation (resume by running again), and the state with
+the lowest KL on the teacher's held-out windows is the one kept.
+"""
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .model import LINEARS, Llama
+from .model import Llama
 from .vqtensor import VQTensor
 
 
@@ -23,17 +34,16 @@ class VQWeight(torch.nn.Module):
         if t.groups != 1 or t.col_norm is not None or t.row_scale is not None:
             raise ValueError("fine-tuning supports one codebook group without column norm or row scale")
         self.shape = t.shape
-        self.v = t.v
         self.register_buffer("codes", torch.from_numpy(t.codes.astype(np.int64)))
         self.C = torch.nn.Parameter(torch.from_numpy(t.codebook[0].astype(np.float32)))
         self.R = None if t.res_codebook is None else torch.nn.Parameter(torch.from_numpy(t.res_codebook[0].astype(np.float32)))
-        if t.res_codes is not None:
-            self.register_buffer("res_codes", torch.from_numpy(t.res_codes.astype(np.int64)))
-        self.perm = None if t.perm is None else torch.from_numpy(t.perm.astype(np.int64))
-        self.outliers = None
+        self.register_buffer("res_codes", None if t.res_codes is None else torch.from_numpy(t.res_codes.astype(np.int64)))
+        self.register_buffer("perm", None if t.perm is None else torch.from_numpy(t.perm.astype(np.int64)))
+        self.O = None
         if t.outlier_cols is not None:
             self.O = torch.nn.Parameter(torch.from_numpy(t.outlier_codebook.astype(np.float32)))
-            self.outliers = (torch.from_numpy(t.outlier_cols.astype(np.int64)), torch.from_numpy(t.outlier_idx.astype(np.int64)))
+        self.register_buffer("outlier_cols", None if t.outlier_cols is None else torch.from_numpy(t.outlier_cols.astype(np.int64)))
+        self.register_buffer("outlier_idx", None if t.outlier_idx is None else torch.from_numpy(t.outlier_idx.astype(np.int64)))
 
     def forward(self) -> torch.Tensor:
         out_features, in_features = self.shape
@@ -43,26 +53,64 @@ class VQWeight(torch.nn.Module):
         W = vals.permute(0, 2, 1).reshape(out_features, in_features)          # stored column order
         if self.perm is not None:
             W = torch.empty_like(W).index_copy(1, self.perm, W)
-        if self.outliers is not None:
-            cols, idx = self.outliers                                         # [n_o], [n_o, out/v0]
-            corr = self.O[idx].reshape(len(cols), out_features).T             # [out, n_o]
-            W = W.index_add(1, cols, corr)
+        if self.O is not None:
+            corr = self.O[self.outlier_idx].reshape(len(self.outlier_cols), out_features).T   # [out, n_o]
+            W = W.index_add(1, self.outlier_cols, corr)
         return W
 
     def write_back(self, t: VQTensor) -> None:
-        t.codebook = self.C.detach().to(torch.float16).numpy()[None]
+        t.codebook = self.C.detach().cpu().to(torch.float16).numpy()[None]
         if self.R is not None:
-            t.res_codebook = self.R.detach().to(torch.float16).numpy()[None]
-        if self.outliers is not None:
-            t.outlier_codebook = self.O.detach().to(torch.float16).numpy()
+            t.res_codebook = self.R.detach().cpu().to(torch.float16).numpy()[None]
+        if self.O is not None:
+            t.outlier_codebook = self.O.detach().cpu().to(torch.float16).numpy()
 
 
-def finetune(src, vq: dict[str, VQTensor], tokens: torch.Tensor, *, steps: int, lr: float = 1e-4,
-             batch: int = 2, checkpoint: Path | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Train in place: writes the tuned codebooks into `vq`; returns the tuned norm weights by GGUF name."""
-    teacher = Llama(src)
-    student = Llama(src)
-    weights = {name: VQWeight(t) for name, t in vq.items()}
+@dataclass
+class Teacher:
+    """The float model's output-norm states on calibration windows; the last `n_heldout` windows are never
+    trained on and choose the step that is kept."""
+    tokens: torch.Tensor      # [N, L] int64
+    hidden: torch.Tensor      # [N, L, d] float16
+    n_heldout: int
+
+    @classmethod
+    def run(cls, src, tokens: torch.Tensor, n_heldout: int, batch: int = 4) -> "Teacher":
+        model = Llama(src)
+        with torch.no_grad():
+            hidden = torch.cat([model.final_hidden(tokens[s:s + batch]).half()
+                                for s in tqdm(range(0, len(tokens), batch), desc="teacher (float model)", unit="batch",
+                                              dynamic_ncols=True)])
+        return cls(tokens, hidden, n_heldout)
+
+    def save(self, path: Path) -> Path:
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, tokens=self.tokens.numpy().astype(np.int32), hidden=self.hidden.numpy(),
+                     n_heldout=np.int64(self.n_heldout))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "Teacher":
+        with np.load(path) as z:
+            tokens, hidden, n_heldout = z["tokens"], z["hidden"], int(z["n_heldout"])
+        if hidden.shape[:2] != tokens.shape or not 0 < n_heldout < len(tokens):
+            raise ValueError(f"{path}: teacher states {hidden.shape} do not match tokens {tokens.shape} "
+                             f"with {n_heldout} held-out windows")
+        return cls(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(hidden), n_heldout)
+
+
+def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: float = 1e-4, batch: int = 2,
+             device: str = "cpu", checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50,
+             inputs: dict | None = None) -> dict[str, np.ndarray]:
+    """Train in place: writes the tuned codebooks into `vq`; returns the tuned norm weights by GGUF name.
+    `src` holds every other weight of the quantized model (its head makes the teacher's logits too).
+    The learning rate follows a cosine from `lr` down to lr/10. `inputs` is stored in the checkpoint."""
+    torch.backends.cuda.matmul.allow_tf32 = True   # on a GPU: TF32 products, F32 accumulation
+    student = Llama(src, device)
+    weights = {name: VQWeight(t).to(device) for name, t in vq.items()}
     norms = {}
     for i, blk in enumerate(student.blocks):
         for n in ("attn_norm", "ffn_norm"):
@@ -71,37 +119,64 @@ def finetune(src, vq: dict[str, VQTensor], tokens: torch.Tensor, *, steps: int, 
     student.out_norm = norms["output_norm.weight"] = student.out_norm.clone().requires_grad_(True)
     params = [p for w in weights.values() for p in w.parameters()] + list(norms.values())
     opt = torch.optim.Adam(params, lr=lr)
-    start = 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    n_train = len(teacher.tokens) - teacher.n_heldout
+    heldout = (teacher.tokens[n_train:], teacher.hidden[n_train:])
+
+    def heldout_kl() -> float:
+        with torch.no_grad():
+            return sum(_kl(student, heldout[0][s:s + batch], heldout[1][s:s + batch], device).item() * len(heldout[0][s:s + batch])
+                       for s in range(0, len(heldout[0]), batch)) / len(heldout[0])
+
+    start, best_kl, best = 0, heldout_kl(), [p.detach().clone() for p in params]
+    first_kl = best_kl
     if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint)
+        state = torch.load(checkpoint, map_location=device)
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
                 p.copy_(saved)
         opt.load_state_dict(state["opt"])
-        start = state["step"]
+        sched.load_state_dict(state["sched"])
+        start, best_kl, best, first_kl = state["step"], state["best_kl"], state["best"], state["first_kl"]
     gen = torch.Generator().manual_seed(seed)
-    order = [torch.randperm(tokens.shape[0], generator=gen) for _ in range(steps * batch // tokens.shape[0] + 1)]
-    order = torch.cat(order)
+    order = torch.cat([torch.randperm(n_train, generator=gen) for _ in range(steps * batch // n_train + 1)])
     bar = tqdm(range(start, steps), desc="fine-tune (KL to float)", unit="step", dynamic_ncols=True, initial=start, total=steps)
-    t0 = time.time()
+    t0, recent = time.time(), []
     for step in bar:
-        x = tokens[order[step * batch:(step + 1) * batch]]
-        with torch.no_grad():
-            target = F.log_softmax(teacher(x), -1)
-        logp = F.log_softmax(_forward(student, x), -1)
-        loss = F.kl_div(logp, target, log_target=True, reduction="batchmean") / x.shape[1]
+        pick = order[step * batch:(step + 1) * batch]
+        loss = _kl(student, teacher.tokens[pick], teacher.hidden[pick], device)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
+        recent = (recent + [loss.item()])[-eval_every:]
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            kl = heldout_kl()
+            if kl < best_kl:
+                best_kl, best = kl, [p.detach().clone() for p in params]
+            bar.write(f"[finetune] step {step + 1}: train KL {sum(recent) / len(recent):.4f}, held-out KL {kl:.4f} "
+                      f"(best {best_kl:.4f})")
         bar.set_postfix(kl=f"{loss.item():.4f}")
-        if checkpoint is not None and ((step + 1) % 10 == 0 or step + 1 == steps):
+        if checkpoint is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
             tmp = checkpoint.with_suffix(".tmp")
-            torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "step": step + 1}, tmp)
+            torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "step": step + 1, "best_kl": best_kl, "best": best, "first_kl": first_kl, "inputs": inputs}, tmp)
             tmp.replace(checkpoint)
+    with torch.no_grad():
+        for p, b in zip(params, best):
+            p.copy_(b)
     for name, w in weights.items():
         w.write_back(vq[name])
-    print(f"[finetune] {steps - start} steps in {time.time() - t0:.0f} s", flush=True)
-    return {n: p.detach().numpy().copy() for n, p in norms.items()}
+    print(f"[finetune] {steps - start} steps in {time.time() - t0:.0f} s on {device}; "
+          f"held-out KL {first_kl:.4f} -> {best_kl:.4f}", flush=True)
+    return {n: p.detach().cpu().numpy().copy() for n, p in norms.items()}
+
+
+def _kl(student: Llama, tokens: torch.Tensor, hidden: torch.Tensor, device) -> torch.Tensor:
+    """Mean per-token KL(teacher ‖ student), the teacher's logits rebuilt from its states with the student's head."""
+    target = F.log_softmax(hidden.to(device).float() @ student.head.T, -1)
+    logp = F.log_softmax(student.forward(tokens.to(device)), -1)
+    return F.kl_div(logp, target, log_target=True, reduction="batchmean") / tokens.shape[1]
 
 
 def _linear(blk, i: int, weights: dict[str, VQWeight]):
@@ -109,13 +184,6 @@ def _linear(blk, i: int, weights: dict[str, VQWeight]):
         w = weights.get(f"blk.{i}.{name}.weight")
         return x @ (w() if w is not None else blk.w[name]).T
     return linear
-
-
-def _forward(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
-    x = model.embed(tokens)
-    for blk in model.blocks:
-        x = blk(x)
-    return model.logits(x)
 
 
 def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int = 2) -> float:
@@ -128,6 +196,49 @@ def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int =
     with torch.no_grad():
         for s in range(0, tokens.shape[0], batch):
             x = tokens[s:s + batch]
-            total += float(F.kl_div(F.log_softmax(_forward(student, x), -1), F.log_softmax(teacher(x), -1),
+            total += float(F.kl_div(F.log_softmax(student(x), -1), F.log_softmax(teacher(x), -1),
                                     log_target=True, reduction="sum"))
     return total / tokens.numel()
+
+
+def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: float, batch: int, device: str,
+                  checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50) -> Path:
+    """Fine-tune a VQ-GGUF file against a saved Teacher and write the result. The checkpoint (default: in a
+    parts folder beside `out`) names its inputs; one that holds `steps` steps or more is only written out, so a
+    checkpoint made on another machine (a GPU) turns into the same file here."""
+    from . import ggml_vq, gguf_writer
+    from .source import load_quantized
+    path, teacher_path, out = Path(path), Path(teacher_path), Path(out)
+    inputs = {"file": _digest(path), "teacher": _digest(teacher_path), "lr": lr, "batch": batch, "seed": seed}
+    key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
+    parts = out.with_name(f".{out.name}.parts-{key}")
+    checkpoint = Path(checkpoint) if checkpoint else parts / "finetune.pt"
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, map_location="cpu").get("inputs")
+        if saved != inputs:
+            raise ValueError(f"checkpoint {checkpoint} was made from {saved}, not {inputs}")
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    src, vq = load_quantized(path)
+    teacher = Teacher.load(teacher_path)
+    norms = finetune(src, vq, teacher, steps=steps, lr=lr, batch=batch, device=device, checkpoint=checkpoint,
+                     seed=seed, eval_every=eval_every, inputs=inputs)
+    kv = {kv.key: kv.value for kv in src.metadata}
+    other_type = {"F32": "f32", "F16": "f16"}.get(src.source_types.get("token_embd.weight", ""), "q8_0")
+    written = gguf_writer.write(out, src, vq=vq, override=norms, other_type=other_type, extra_kv={
+        ggml_vq.METHOD_KEY: str(kv.get(ggml_vq.METHOD_KEY, "vptq")), ggml_vq.PRESET_KEY: str(kv.get(ggml_vq.PRESET_KEY, "")),
+        ggml_vq.INPUTS_KEY: f"{kv.get(ggml_vq.INPUTS_KEY, '')}+finetune-{key}",
+        ggml_vq.FINETUNE_KEY: "; then ".join(filter(None, [str(kv.get(ggml_vq.FINETUNE_KEY, "")),
+            f"steps={steps} lr={lr} batch={batch} teacher={teacher_path.name} windows={len(teacher.tokens) - teacher.n_heldout}"]))})
+    if checkpoint.parent == parts:
+        checkpoint.unlink()
+        parts.rmdir()
+    return written
+
+
+def _digest(path: Path) -> str:
+    """Content hash: a checkpoint belongs to the bytes of its inputs, whatever their names on this machine."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()[:16]

@@ -43,8 +43,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def rope(x: torch.Tensor, base: float) -> torch.Tensor:
     """x [batch, heads, seq, dim]: rotate adjacent pairs (x[2i], x[2i+1]) by pos * base^(-2i/dim)."""
     seq, dim = x.shape[-2], x.shape[-1]
-    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    ang = torch.arange(seq, dtype=torch.float32)[:, None] * inv[None, :]
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim)
+    ang = torch.arange(seq, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
     cos, sin = ang.cos(), ang.sin()
     x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
@@ -77,9 +77,9 @@ class Block:
 
 
 class Llama:
-    def __init__(self, src: SourceModel):
+    def __init__(self, src: SourceModel, device: str | torch.device = "cpu"):
         self.hp = Hyper.of(src)
-        t = {k: torch.from_numpy(v) for k, v in src.tensors.items()}
+        t = {k: torch.from_numpy(v).to(device) for k, v in src.tensors.items()}
         self.tok_embd = t["token_embd.weight"]
         self.out_norm = t["output_norm.weight"]
         self.head = t.get("output.weight", self.tok_embd)
@@ -91,12 +91,16 @@ class Llama:
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok_embd[tokens]
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.out_norm, self.hp.eps) @ self.head.T
-
-    @torch.no_grad()
-    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+    def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The output norm's result: what the head multiplies (logits = final_hidden @ head.T)."""
         x = self.embed(tokens)
         for blk in self.blocks:
             x = blk(x)
-        return self.logits(x)
+        return rms_norm(x, self.out_norm, self.hp.eps)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.final_hidden(tokens) @ self.head.T
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.forward(tokens)

@@ -265,20 +265,19 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
 
 
 def _finetune(run: Run, done: dict[str, VQTensor]) -> SourceModel:
-    """End-to-end KL fine-tuning (finetune.py) on the calibration windows; returns the source with the tuned
-    norm weights, which the GGUF then carries."""
+    """End-to-end KL fine-tuning (finetune.py) on the calibration windows, the held-out ones choosing the step
+    kept; returns the source with the tuned norm weights, which the GGUF then carries."""
     from .calib import calibration_tokens
-    from .finetune import finetune, kl_to_float
+    from .finetune import Teacher, finetune
     p = run.preset
     tokens = calibration_tokens(run.source.path, run.calib, p.n_calib + p.n_heldout, p.seq_len, run.seed)
-    train, heldout = tokens[: p.n_calib], tokens[p.n_calib:]
-    before = kl_to_float(run.source, done, heldout)
-    norms = finetune(run.source, done, train, steps=p.finetune_steps, lr=p.finetune_lr,
-                     checkpoint=run.parts / "finetune.pt", seed=run.seed)
-    tuned = dataclasses.replace(run.source, tensors={**run.source.tensors, **norms})
-    after = kl_to_float(tuned, done, heldout)
-    print(f"[finetune] KL to the float model on held-out windows: {before:.4f} -> {after:.4f}", flush=True)
-    return tuned
+    norms = finetune(run.source, done, Teacher.run(run.source, tokens, p.n_heldout), steps=p.finetune_steps,
+                     lr=p.finetune_lr, device=default_device(), checkpoint=run.parts / "finetune.pt", seed=run.seed)
+    return dataclasses.replace(run.source, tensors={**run.source.tensors, **norms})
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _write_report(run: Run, report: dict, elapsed: float, peak_gib: float) -> None:

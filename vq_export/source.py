@@ -74,36 +74,68 @@ def dequantize_tensor(t) -> np.ndarray:
     return np.array(values, dtype=np.float32).reshape(tuple(int(x) for x in reversed(t.shape)))
 
 
-def load_gguf(path: Path) -> SourceModel:
+def _reader(path: Path) -> tuple[GGUFReader, str]:
     try:
         reader = GGUFReader(path)
     except FileNotFoundError:
         raise
     except Exception as e:  # the gguf reader raises ValueError, struct.error, IndexError... on a bad file
         raise SourceError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
-
     arch_field = reader.get_field("general.architecture")
     if arch_field is None:
         raise SourceError(f"{path}: no general.architecture key")
     arch = arch_field.contents()
     if arch not in SUPPORTED_ARCHS:
         raise SourceError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    return reader, arch
 
+
+def _float_tensor(path: Path, t) -> np.ndarray:
+    try:
+        values = dequantize_tensor(t)
+    except NotImplementedError as e:
+        raise SourceError(f"{path}: cannot dequantize {t.name} of type {t.tensor_type.name}") from e
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        raise SourceError(f"{path}: tensor {t.name} has {bad} NaN or infinite values")
+    return values
+
+
+def load_gguf(path: Path) -> SourceModel:
+    reader, arch = _reader(path)
     tensors: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
     for t in reader.tensors:
         if ggml_vq.is_vq(t.tensor_type):
             raise SourceError(f"{path}: tensor {t.name} is already VQ-quantized; start from a float or llama.cpp-quantized file")
-        try:
-            values = dequantize_tensor(t)
-        except NotImplementedError as e:
-            raise SourceError(f"{path}: cannot dequantize {t.name} of type {t.tensor_type.name}") from e
-        if not np.isfinite(values).all():
-            bad = int((~np.isfinite(values)).sum())
-            raise SourceError(f"{path}: tensor {t.name} has {bad} NaN or infinite values")
-        tensors[t.name] = values
+        tensors[t.name] = _float_tensor(path, t)
         types[t.name] = t.tensor_type.name
     return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types)
+
+
+def load_quantized(path: Path) -> tuple[SourceModel, dict]:
+    """A VQ-GGUF file as (model with every weight as float, the VQ weights as VQTensors): what fine-tuning
+    starts from and writes back. Side tensors are part of their VQTensor, not of the model."""
+    from .reference import dequantize as decode_vq
+    from .vqtensor import VQTensor
+    reader, arch = _reader(path)
+    by_name = {t.name: t for t in reader.tensors}
+    tensors, types, vq = {}, {}, {}
+    for t in reader.tensors:
+        if ".vq_" in t.name:
+            continue
+        if ggml_vq.is_vq(t.tensor_type):
+            try:
+                vq[t.name] = VQTensor.from_gguf(t.name, by_name)
+            except (ValueError, KeyError) as e:
+                raise SourceError(f"{path}: {e}") from e
+            tensors[t.name] = decode_vq(vq[t.name])
+        else:
+            tensors[t.name] = _float_tensor(path, t)
+        types[t.name] = t.tensor_type.name
+    if not vq:
+        raise SourceError(f"{path}: no VQ tensors")
+    return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types), vq
 
 
 def convert_hf(hf_dir: Path, llama_tree: Path, out: Path) -> Path:

@@ -483,8 +483,8 @@ struct rewrite {
     const char * what;
     bool decoded;                                           // drop the side tensors and the VQ format key, F16 file type
     size_t (*bytes)(const struct vq_weight * W, int arg);   // data bytes of the new tensors
-    // adds the new tensors (allocated in ctx) to out; false with a message
-    bool (*convert)(const char * name, const struct ggml_vq_layout * L, int arg, struct ggml_context * ctx, struct gguf_context * out);
+    // adds the new tensors (allocated in ctx), or w as it is, to out; false with a message
+    bool (*convert)(const struct ggml_tensor * w, const struct ggml_vq_layout * L, int arg, struct ggml_context * ctx, struct gguf_context * out);
 };
 
 // writes src to dst with every VQ weight converted by r, the other tensors and the keys copied
@@ -529,7 +529,7 @@ static int rewrite_file(const char * src, const char * dst, const struct rewrite
         if (!ok) {
             printf("FAIL %s: %s\n", tname, err);
         } else {
-            ok = r->convert(tname, &L, arg, nctx, out);
+            ok = r->convert(W.w, &L, arg, nctx, out);
             n_vq++;
         }
     }
@@ -548,8 +548,9 @@ static size_t decoded_bytes(const struct vq_weight * W, int arg) {
 }
 
 // the weight decoded by the reference decoder, stored F16
-static bool decode_weight(const char * name, const struct ggml_vq_layout * L, int arg, struct ggml_context * ctx, struct gguf_context * out) {
+static bool decode_weight(const struct ggml_tensor * w, const struct ggml_vq_layout * L, int arg, struct ggml_context * ctx, struct gguf_context * out) {
     (void) arg;
+    const char * name = w->name;
     float * wf = malloc(sizeof(float) * L->in * L->out);
     ggml_vq_dequantize(L, wf);
     struct ggml_tensor * f = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, L->in, L->out);
@@ -574,12 +575,19 @@ static size_t residual_bytes(const struct vq_weight * W, int k_res) {
 }
 
 // the same main codes with random residual codes of log2(k_res) bits appended to each, in the VQ type of the new
-// rate, and a residual codebook of small random centroids
-static bool add_residual(const char * name, const struct ggml_vq_layout * L, int k_res, struct ggml_context * ctx, struct gguf_context * out) {
+// rate, and a residual codebook of small random centroids; a weight that has a residual already, or whose new
+// rate would have no VQ type (a preset's wider tensors), is kept as it is
+static bool add_residual(const struct ggml_tensor * w0, const struct ggml_vq_layout * L, int k_res, struct ggml_context * ctx, struct gguf_context * out) {
+    const char * name = w0->name;
     const int b = L->b1, b2 = residual_bits(k_res), bn = b + b2;
-    if (b2 < 1 || L->b2 != 0 || (bn * 4) % L->v != 0 || bn * 4 / L->v > GGML_VQ_N_MAX) {
-        printf("FAIL %s: %s\n", name, L->b2 ? "already has a residual codebook" : "no VQ type for this index rate (or k_res)");
+    if (b2 < 1) {
+        printf("FAIL k_res %d is not a power of two in [2, 65536]\n", k_res);
         return false;
+    }
+    if (L->b2 != 0 || (bn * 4) % L->v != 0 || bn * 4 / L->v > GGML_VQ_N_MAX) {
+        printf("kept %s as it is: %s\n", name, L->b2 ? "it has a residual codebook" : "no VQ type for the rate with a residual");
+        gguf_add_tensor(out, w0);
+        return true;
     }
     struct ggml_tensor * w = ggml_new_tensor_2d(ctx, (enum ggml_type) (GGML_VQ_TYPE_BASE + bn * 4 / L->v), L->in, L->out);
     ggml_set_name(w, name);
