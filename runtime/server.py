@@ -96,6 +96,8 @@ def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None) ->
     """Start the server, say where it listens, and keep it in the foreground until Ctrl-C or until it exits."""
     from native.build import home
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` too stops llama-server, through the finally below
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even when started from a shell's background job,
+                                                              # which inherits SIGINT ignored
     server = Server(model, home() / "logs" / f"llama-server-{port}.log", host=host, port=port, n_ctx=n_ctx,
                     threads=threads)
     try:
