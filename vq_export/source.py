@@ -122,7 +122,7 @@ def load_quantized(path: Path) -> tuple[SourceModel, dict]:
     by_name = {t.name: t for t in reader.tensors}
     tensors, types, vq = {}, {}, {}
     for t in reader.tensors:
-        if ".vq_" in t.name:
+        if t.name.rsplit(".", 1)[-1] in ggml_vq.SIDES:
             continue
         if ggml_vq.is_vq(t.tensor_type):
             try:
