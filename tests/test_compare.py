@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import struct
 from pathlib import Path
 
@@ -221,6 +222,30 @@ def test_an_interrupted_rerun_resumes_and_reuses_every_finished_step(folder, res
     done = json.loads((folder / "only-ffn_down" / "results.json").read_text())
     assert done["error"] is None and all(f["speed"] for f in done["files"])
     assert [f["quality"] for f in done["files"]] == [f["quality"] for f in results["files"]]
+
+
+def test_files_made_elsewhere_are_measured_beside_the_others(folder, results, tmp_path, capsys):
+    made = next(f for f in results["files"] if f["kind"] == "vq")
+    copy = tmp_path / "tuned.gguf"
+    shutil.copy(made["path"], copy)
+    cli.main(["compare", "--out", str(folder), *ARGS, "--files", f"tuned={copy}"])
+    done = json.loads((folder / "only-ffn_down" / "results.json").read_text())
+    tuned = by_label(done)["tuned"]
+    assert tuned["kind"] == "vq" and tuned["made"]["given"] == str(copy) and f"--files tuned={copy}" in done["command"]
+    assert tuned["bits"] == made["bits"] | {"tensor_types": tuned["bits"]["tensor_types"]}
+    assert {k: tuned["quality"][k] for k in ("ppl", "kld_mean", "same_top")} == \
+           {k: made["quality"][k] for k in ("ppl", "kld_mean", "same_top")}   # the same weights, the same figures
+
+    other = tmp_path / "other.gguf"
+    w = GGUFWriter(str(other), "llama")
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(SystemExit, match="not a file of this model"):
+        cli.main(["compare", "--out", str(folder), *ARGS, "--files", f"other={other}"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--out", str(folder), *ARGS, "--files", str(copy)])
+    assert "expected LABEL=PATH" in capsys.readouterr().err
 
 
 def test_a_failing_tool_stops_with_its_own_error(tmp_path, folder):

@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"llama-quantize file types (default: {' '.join(DEFAULT_LLAMA_TYPES)})")
     p.add_argument("--presets", "--preset", nargs="*", default=DEFAULT_PRESETS, metavar="PRESET",
                    help=f"vq-gguf quantize presets, any name it accepts (default: {' '.join(DEFAULT_PRESETS)})")
+    p.add_argument("--files", nargs="+", default=[], metavar="LABEL=PATH", type=_labelled,
+                   help="files made elsewhere (fine-tuned, other settings) measured beside the others; they must "
+                        "hold the same tensors as the float reference")
     p.add_argument("--only", nargs="+", default=None, metavar="TENSOR",
                    help="quantize only the block linears whose name contains one of these (e.g. ffn_down) in every "
                         "file; the rest stays in --common-type")
@@ -75,6 +78,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --- settings ------------------------------------------------------------------------------------------
+
+def _labelled(text: str) -> tuple[str, str]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=PATH")
+    return label, path
+
 
 def model_name(model: str) -> str:
     if model == "default":
@@ -102,6 +112,7 @@ def settings(args: argparse.Namespace) -> dict:
         "model": args.model, "calib": [str(Path(c).resolve()) for c in args.calib],
         "eval": str(Path(args.eval_text).resolve()), "out": str(out), "out_given": args.out is not None,
         "report_dir": str(out / suffix[1:] if suffix else out), "suffix": suffix, "llama_types": list(args.llama_types), "presets": list(args.presets), "only": args.only,
+        "files": [[label, str(Path(path).resolve())] for label, path in args.files],
         "common_type": args.common_type, "quantize_args": args.quantize_args, "ctx": args.ctx, "chunks": args.chunks,
         "imatrix_chunks": args.imatrix_chunks, "threads": args.threads, "bench_prompt": args.bench_prompt,
         "bench_gen": args.bench_gen, "bench_reps": args.bench_reps,
@@ -114,6 +125,7 @@ def command_line(s: dict) -> str:
              "--calib", *map(_shown, s["calib"]), "--eval", _shown(s["eval"])]
     parts += ["--out", _shown(s["out"])] if s["out_given"] else []
     parts += ["--llama-types", *s["llama_types"], "--presets", *s["presets"]]
+    parts += ["--files", *(f"{label}={_shown(path)}" for label, path in s["files"])] if s["files"] else []
     parts += ["--only", *s["only"]] if s["only"] else []
     parts += ["--common-type", s["common_type"], "--ctx", str(s["ctx"]), "--chunks", str(s["chunks"]),
               "--imatrix-chunks", str(s["imatrix_chunks"]), "--threads", str(s["threads"]),
@@ -125,7 +137,10 @@ def command_line(s: dict) -> str:
 
 def check_inputs(s: dict, model_path: Path) -> None:
     """Refuse what would fail late: missing files, unknown llama.cpp types, evaluation text among the calibration."""
-    for path in [model_path, *map(Path, s["calib"]), Path(s["eval"])]:
+    labels = [label for label, _ in s["files"]]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"--files: labels must differ, got {' '.join(labels)}")
+    for path in [model_path, *map(Path, s["calib"]), Path(s["eval"]), *(Path(p) for _, p in s["files"])]:
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist")
     eval_hash = content_hash(Path(s["eval"]))
@@ -141,7 +156,8 @@ def check_inputs(s: dict, model_path: Path) -> None:
 
 def plan(s: dict) -> list[tuple[str, str]]:
     """(step name, kind) of every step, in order: for the step count and the ETA."""
-    files = ["float reference"] + [llama_file(s, t).name for t in s["llama_types"]] + [vq_file(s, p).name for p in s["presets"]]
+    files = (["float reference"] + [llama_file(s, t).name for t in s["llama_types"]] + [vq_file(s, p).name for p in s["presets"]]
+             + [Path(p).name for _, p in s["files"]])
     return ([("float reference", "float")] + [(f"quantize {vq_file(s, p).name}", "vq") for p in s["presets"]]
             + [("imatrix", "imatrix")] * bool(s["llama_types"])
             + [(f"quantize {llama_file(s, t).name}", "llama-quantize") for t in s["llama_types"]]
@@ -187,6 +203,22 @@ def make_vq(s: dict, float_path: Path, preset: str, out: Path, log: Path) -> dic
     llamacpp.run(cmd, log, watch=sys.stderr.write, name="vq-gguf quantize")
     field = GGUFReader(out).get_field(ggml_vq.PRESET_KEY)
     return {"command": shlex.join(cmd), "preset_in_file": field.contents() if field else preset}
+
+
+def given_file(float_path: Path, label: str, path: Path) -> dict:
+    """A file made elsewhere, checked to be a quantization of the same float reference: same tensors, same shapes."""
+    def shapes(p: Path) -> dict[str, tuple]:
+        return {t.name: tuple(int(x) for x in t.shape) for t in GGUFReader(p).tensors
+                if t.name.rsplit(".", 1)[-1] not in ggml_vq.SIDES}
+    try:
+        given = shapes(path)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--files {label}={path}: not a readable GGUF file ({e})") from e
+    differ = sorted(set(given) ^ set(shapes(float_path))) or sorted(n for n, sh in shapes(float_path).items() if given[n] != sh)
+    if differ:
+        raise ValueError(f"--files {label}={path}: not a file of this model ({len(differ)} tensors differ, e.g. {differ[0]})")
+    field = GGUFReader(path).get_field(ggml_vq.FINETUNE_KEY)
+    return {"given": str(path), **({"finetune": field.contents()} if field else {})}
 
 
 def calibration_text(s: dict) -> Path:
@@ -308,6 +340,10 @@ def make_files(s: dict, model_path: Path, steps: Steps, results: dict) -> Path:
         path, name = vq_file(s, preset), f"quantize {vq_file(s, preset).name}"
         made = steps.run(name, "vq", None, lambda: make_vq(s, float_path, preset, path, log_file(s, name)), output=path)
         add_file(results, entry(s, f"VQ {made['preset_in_file']}", "vq", path, made))
+    for label, path in s["files"]:
+        made = given_file(float_path, label, Path(path))
+        kind = "vq" if any(ggml_vq.is_vq(t.tensor_type) for t in GGUFReader(path).tensors) else "llama.cpp"
+        add_file(results, entry(s, label, kind, Path(path), made))
 
     if not s["llama_types"]:
         return float_path

@@ -14,6 +14,7 @@ what else the machine runs: the load average is printed beside them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -67,13 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale-preset", default="2bit", help="preset of the scale-up runs")
     ap.add_argument("--workdir", type=Path, default=home() / "cost")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the quantized files in this folder (default: deleted)")
     args = ap.parse_args(argv)
 
     from vq_export.default_model import fetch
     default = fetch(home())
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for preset in args.presets:
             rows.append(quantize("default", preset, Path(tmp) / f"default-{preset}.gguf"))
         for w in args.widths:

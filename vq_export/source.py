@@ -102,39 +102,38 @@ def _float_tensor(path: Path, t) -> np.ndarray:
 
 
 def load_gguf(path: Path) -> SourceModel:
-    reader, arch = _reader(path)
-    tensors: dict[str, np.ndarray] = {}
-    types: dict[str, str] = {}
-    for t in reader.tensors:
-        if ggml_vq.is_vq(t.tensor_type):
-            raise SourceError(f"{path}: tensor {t.name} is already VQ-quantized; start from a float or llama.cpp-quantized file")
-        tensors[t.name] = _float_tensor(path, t)
-        types[t.name] = t.tensor_type.name
-    return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types)
+    return _load(path, vq_ok=False)[0]
 
 
 def load_quantized(path: Path) -> tuple[SourceModel, dict]:
     """A VQ-GGUF file as (model with every weight as float, the VQ weights as VQTensors): what fine-tuning
     starts from and writes back. Side tensors are part of their VQTensor, not of the model."""
+    model, vq = _load(path, vq_ok=True)
+    if not vq:
+        raise SourceError(f"{path}: no VQ tensors")
+    return model, vq
+
+
+def _load(path: Path, vq_ok: bool) -> tuple[SourceModel, dict]:
     from .reference import dequantize as decode_vq
     from .vqtensor import VQTensor
     reader, arch = _reader(path)
     by_name = {t.name: t for t in reader.tensors}
     tensors, types, vq = {}, {}, {}
     for t in reader.tensors:
-        if t.name.rsplit(".", 1)[-1] in ggml_vq.SIDES:
-            continue
         if ggml_vq.is_vq(t.tensor_type):
+            if not vq_ok:
+                raise SourceError(f"{path}: tensor {t.name} is already VQ-quantized; start from a float or llama.cpp-quantized file")
             try:
                 vq[t.name] = VQTensor.from_gguf(t.name, by_name)
             except (ValueError, KeyError) as e:
                 raise SourceError(f"{path}: {e}") from e
             tensors[t.name] = decode_vq(vq[t.name])
+        elif vq_ok and t.name.rsplit(".", 1)[-1] in ggml_vq.SIDES:
+            continue
         else:
             tensors[t.name] = _float_tensor(path, t)
         types[t.name] = t.tensor_type.name
-    if not vq:
-        raise SourceError(f"{path}: no VQ tensors")
     return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types), vq
 
 
