@@ -10,6 +10,7 @@ the lowest KL on the teacher's held-out windows is the one kept.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -109,13 +110,11 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
     `src` holds every other weight of the quantized model (its head makes the teacher's logits too).
     The learning rate follows a cosine from `lr` down to lr/10. `inputs` is stored in the checkpoint."""
     torch.backends.cuda.matmul.allow_tf32 = True   # on a GPU: TF32 products, F32 accumulation
-    student = Llama(src, device)
-    weights = {name: VQWeight(t).to(device) for name, t in vq.items()}
+    student, weights = _student(src, vq, device)
     norms = {}
     for i, blk in enumerate(student.blocks):
         for n in ("attn_norm", "ffn_norm"):
             blk.w[n] = norms[f"blk.{i}.{n}.weight"] = blk.w[n].clone().requires_grad_(True)
-        blk.linear = _linear(blk, i, weights)
     student.out_norm = norms["output_norm.weight"] = student.out_norm.clone().requires_grad_(True)
     params = [p for w in weights.values() for p in w.parameters()] + list(norms.values())
     opt = torch.optim.Adam(params, lr=lr)
@@ -180,6 +179,15 @@ def _kl(student: Llama, tokens: torch.Tensor, hidden: torch.Tensor, device) -> t
     return F.kl_div(logp, target, log_target=True, reduction="batchmean") / tokens.shape[1]
 
 
+def _student(src, vq: dict[str, VQTensor], device="cpu") -> tuple[Llama, dict[str, VQWeight]]:
+    """The model with its VQ weights as functions of their codebooks; their float copies in `src` stay behind."""
+    student = Llama(dataclasses.replace(src, tensors={n: w for n, w in src.tensors.items() if n not in vq}), device)
+    weights = {name: VQWeight(t).to(device) for name, t in vq.items()}
+    for i, blk in enumerate(student.blocks):
+        blk.linear = _linear(blk, i, weights)
+    return student, weights
+
+
 def _linear(blk, i: int, weights: dict[str, VQWeight]):
     def linear(name: str, x: torch.Tensor) -> torch.Tensor:
         w = weights.get(f"blk.{i}.{name}.weight")
@@ -189,10 +197,7 @@ def _linear(blk, i: int, weights: dict[str, VQWeight]):
 
 def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int = 2) -> float:
     """Mean per-token KL-divergence of the quantized model (codebooks as they are now) from the float one."""
-    teacher, student = Llama(src), Llama(src)
-    weights = {name: VQWeight(t) for name, t in vq.items()}
-    for i, blk in enumerate(student.blocks):
-        blk.linear = _linear(blk, i, weights)
+    teacher, (student, _) = Llama(src), _student(src, vq)
     total = 0.0
     with torch.no_grad():
         for s in range(0, tokens.shape[0], batch):

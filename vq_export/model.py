@@ -77,6 +77,9 @@ class Block:
 
 
 class Llama:
+    """The whole model. A block linear missing from `src` is one a swapped `Block.linear` supplies (fine-tuning's
+    VQ weights); reading it otherwise is a KeyError."""
+
     def __init__(self, src: SourceModel, device: str | torch.device = "cpu"):
         self.hp = Hyper.of(src)
         t = {k: torch.from_numpy(v).to(device) for k, v in src.tensors.items()}
@@ -86,7 +89,7 @@ class Llama:
         self.blocks = []
         for i in range(self.hp.n_layer):
             names = {n: f"blk.{i}.{n}.weight" for n in (*LINEARS, "attn_norm", "ffn_norm")}
-            self.blocks.append(Block(self.hp, {n: t[full] for n, full in names.items()}))
+            self.blocks.append(Block(self.hp, {n: t[full] for n, full in names.items() if full in t}))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok_embd[tokens]
