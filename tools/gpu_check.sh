@@ -17,7 +17,8 @@
 #   many checks passed and failed. A second run on the same machine reuses the build (ninja).
 #
 #   Fine-tuning on the GPU while the check runs (the device tool carries 64 MiB a call, so in two calls):
-#   tools/gpu_check.sh pack-finetune TEACHER   here: .gpu-ft/ with the teacher states (`vq-gguf teacher`) and
+#   tools/gpu_check.sh pack-finetune TEACHER   here: .gpu-ft/ with the teacher states (`vq-gguf teacher --windows 96`,
+#                                       59 MB: the default 320 windows do not fit a call) and
 #                                       the gguf wheel (the GPU machine has torch but not gguf)
 #   tools/gpu_check.sh start            GPU machine, call 1 (.gpu carried): `run` in the background, returns at once
 #   tools/gpu_check.sh finetune         GPU machine, call 2 (.gpu-ft carried, .gpu still there from call 1):

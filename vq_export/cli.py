@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("teacher", help="the float model's output-norm states on calibration windows (for finetune)")
     p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="output .npz")
-    p.add_argument("--windows", type=int, default=96, help="training windows of 512 tokens (96 + 8: 59 MB, what the GPU tool carries)")
+    p.add_argument("--windows", type=int, default=320,
+                   help="training windows of 512 tokens (320 + 8: 194 MB; 96 overfits in 300 steps of 8, docs/quantizer.md)")
     p.add_argument("--heldout", type=int, default=8, help="held-out windows that choose the step kept")
     p.add_argument("--calib", nargs="+", default=None, help="calibration text (default: ../shared/data/calib)")
     p.add_argument("--seed", type=int, default=1, help="seed of the window draw")
