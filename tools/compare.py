@@ -6,7 +6,8 @@
 Steps, each saved as soon as it is done (steps.json; a rerun after an interruption resumes):
 1. the float reference GGUF (F16, or F32 where a weight overflows F16) with the metadata the VQ files get;
    every quantized file, ours included, starts from it;
-2. our VQ files, one per preset, by `vq-gguf quantize` (which reuses a file whose inputs have not changed);
+2. our VQ files, one per preset, by `vq-gguf quantize` (which reuses a file whose inputs have not changed),
+   and the files given by --files (fine-tuned ones, say), checked to hold the float reference's tensors;
 3. an importance matrix by `llama-imatrix` on the calibration text, then llama.cpp's files by `llama-quantize`,
    all with the same common type on token embedding and output head (with --only: on every other tensor);
 4. the float model's logits on the evaluation text, then for every file `llama-perplexity --kl-divergence`

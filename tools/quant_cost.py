@@ -39,7 +39,7 @@ def quantize(model: str | Path, preset: str, out: Path, extra: list[str] = ()) -
     from vq_export import bpw
     bits = bpw.count(out)
     return {"preset": preset, "model": str(model), "seconds": report["seconds"], "wall_s": time.time() - start,
-            "peak_rss_gib": report["peak_rss_gib"], "linear_params": sum(t.elements for t in bits.linears),
+            "peak_rss_gib": report["peak_rss_gib"], "linear_params": sum(t.elements for t in bits.linears()),
             "linear_bpw": bits.linear_bpw, "load_before": load, "command": " ".join(cmd)}
 
 
@@ -78,19 +78,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        for preset in args.presets:
-            rows.append(quantize("default", preset, Path(tmp) / f"default-{preset}.gguf"))
-        for w in args.widths:
-            model = synthetic_llama(w, args.workdir, default)
-            rows.append(quantize(model, args.scale_preset, Path(tmp) / f"synthetic-x{w}.gguf"))
-    print(f"\n| model | preset | block-linear weights | bpw | quantize s | s per M weights | peak GiB | load before |")
+        runs = [("default", p, Path(tmp) / f"default-{p}.gguf") for p in args.presets]
+        runs += [(w, args.scale_preset, Path(tmp) / f"synthetic-x{w}.gguf") for w in args.widths]
+        for model, preset, out in runs:
+            if model != "default":
+                model = synthetic_llama(model, args.workdir, default)
+            rows.append(quantize(model, preset, out))
+            print(f"[cost] {row(rows[-1])}", flush=True)     # at once: a later failure keeps what was measured
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
+    print("\n| model | preset | block-linear weights | bpw | quantize s | s per M weights | peak GiB | load before |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        name = "default" if r["model"] == "default" else Path(r["model"]).name
-        print(f"| {name} | {r['preset']} | {r['linear_params'] / 1e6:.1f} M | {r['linear_bpw']:.3f} | {r['seconds']:.0f} | "
-              f"{r['seconds'] / (r['linear_params'] / 1e6):.1f} | {r['peak_rss_gib']:.2f} | {r['load_before']:.1f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    print("\n".join(row(r) for r in rows))
+
+
+def row(r: dict) -> str:
+    name = "default" if r["model"] == "default" else Path(r["model"]).name
+    return (f"| {name} | {r['preset']} | {r['linear_params'] / 1e6:.1f} M | {r['linear_bpw']:.3f} | {r['seconds']:.0f} | "
+            f"{r['seconds'] / (r['linear_params'] / 1e6):.1f} | {r['peak_rss_gib']:.2f} | {r['load_before']:.1f} |")
 
 
 if __name__ == "__main__":
