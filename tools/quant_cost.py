@@ -3,6 +3,7 @@ how both grow with model size (synthetic random llamas of growing width).
 
     python -m tools.quant_cost                                   # presets 2bit 3bit 4bit, widths x1 x2
     python -m tools.quant_cost --presets 2bit --widths 1 2 3 --json cost.json
+    python -m tools.quant_cost --widths 1 2 3 --keep cost     # keep the files (to measure their quality after)
 
 Every quantization runs in a fresh process (so its peak resident memory is its own) and the figures come from
 the report it writes (`seconds`: calibration, Hessians and quantization, not the writing of the file;
