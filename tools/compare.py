@@ -206,20 +206,23 @@ def make_vq(s: dict, float_path: Path, preset: str, out: Path, log: Path) -> dic
     return {"command": shlex.join(cmd), "preset_in_file": field.contents() if field else preset}
 
 
-def given_file(float_path: Path, label: str, path: Path) -> dict:
-    """A file made elsewhere, checked to be a quantization of the same float reference: same tensors, same shapes."""
-    def shapes(p: Path) -> dict[str, tuple]:
-        return {t.name: tuple(int(x) for x in t.shape) for t in GGUFReader(p).tensors
+def given_file(float_path: Path, label: str, path: Path) -> tuple[str, dict]:
+    """A file made elsewhere, checked to be a quantization of the same float reference (same tensors, same
+    shapes): its kind ("vq" if it holds VQ tensors) and what results.json says of its making."""
+    def shapes(reader: GGUFReader) -> dict[str, tuple]:
+        return {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors
                 if t.name.rsplit(".", 1)[-1] not in ggml_vq.SIDES}
     try:
-        given = shapes(path)
+        reader = GGUFReader(path)
     except (ValueError, OSError) as e:
         raise ValueError(f"--files {label}={path}: not a readable GGUF file ({e})") from e
-    differ = sorted(set(given) ^ set(shapes(float_path))) or sorted(n for n, sh in shapes(float_path).items() if given[n] != sh)
+    given, want = shapes(reader), shapes(GGUFReader(float_path))
+    differ = sorted(set(given) ^ set(want)) or sorted(n for n, sh in want.items() if given[n] != sh)
     if differ:
         raise ValueError(f"--files {label}={path}: not a file of this model ({len(differ)} tensors differ, e.g. {differ[0]})")
-    field = GGUFReader(path).get_field(ggml_vq.FINETUNE_KEY)
-    return {"given": str(path), **({"finetune": field.contents()} if field else {})}
+    kind = "vq" if any(ggml_vq.is_vq(t.tensor_type) for t in reader.tensors) else "llama.cpp"
+    field = reader.get_field(ggml_vq.FINETUNE_KEY)
+    return kind, {"given": str(path), **({"finetune": field.contents()} if field else {})}
 
 
 def calibration_text(s: dict) -> Path:
@@ -342,8 +345,7 @@ def make_files(s: dict, model_path: Path, steps: Steps, results: dict) -> Path:
         made = steps.run(name, "vq", None, lambda: make_vq(s, float_path, preset, path, log_file(s, name)), output=path)
         add_file(results, entry(s, f"VQ {made['preset_in_file']}", "vq", path, made))
     for label, path in s["files"]:
-        made = given_file(float_path, label, Path(path))
-        kind = "vq" if any(ggml_vq.is_vq(t.tensor_type) for t in GGUFReader(path).tensors) else "llama.cpp"
+        kind, made = given_file(float_path, label, Path(path))
         add_file(results, entry(s, label, kind, Path(path), made))
 
     if not s["llama_types"]:
