@@ -57,33 +57,45 @@ def main(argv: list[str] | None = None) -> None:
     configs = [(c, parse_config(c)) for c in args.configs]
     files = [(label, FileWeights(path)) for label, path in (f.split("=", 1) for f in args.files)]
     src = source.load(args.model or fetch(home()))
-    wanted = {(int(t.split(".")[1]), t.split(".")[2]) for t in args.tensors}
-    tokens = calibration_tokens(src.path, [DEFAULT_CALIB], args.calib_windows + args.heldout_windows, 512)
+    print("| tensor | config | held-out error | bpw | seconds |\n| --- | --- | ---: | ---: | ---: |")
+    for name, W, H, Hv in float_hessians(src, args.tensors, args.calib_windows, args.heldout_windows):
+        for text, cfg in configs:
+            start = time.time()
+            t = VPTQ(W, H, cfg).quantize()
+            print(f"| {name} | {text} | {held_out_error(W, dequantize(t), Hv):.2%} | {tensor_bpw(t):.3f} | {time.time() - start:.0f} |", flush=True)
+        for label, f in files:
+            err = held_out_error(W, f.weight(name + ".weight"), Hv)
+            bits = f.bits[name + ".weight"]
+            print(f"| {name} | {label} ({bits.type}) | {err:.2%} | {bits.bpw:.3f} | – |", flush=True)
+
+
+def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
+    """(blk.N.KIND, W, H, H_heldout) of each named block linear, in block order: Hessians of its input from n_calib
+    calibration windows pushed through the float model, and from n_heldout more for scoring."""
+    wanted = {(int(t.split(".")[1]), t.split(".")[2]) for t in tensors}
+    tokens = calibration_tokens(src.path, [DEFAULT_CALIB], n_calib + n_heldout, 512)
     model = Llama(src)
     x = model.embed(tokens)
-    n = args.calib_windows
-    print("| tensor | config | held-out error | bpw | seconds |\n| --- | --- | ---: | ---: | ---: |")
     for i, blk in enumerate(model.blocks[: max(b for b, _ in wanted) + 1]):
         names = [s for b, s in sorted(wanted) if b == i]
         if names:
-            H, _ = hessian.collect(blk, x[:n])
-            Hv, _ = hessian.collect(blk, x[n:])
-        for short in names:
-            W, h = blk.w[short], hessian.INPUT_OF[short]
-            loss_of_zero = proxy_loss(W, torch.zeros_like(W), Hv[h])
-            for text, cfg in configs:
-                start = time.time()
-                t = VPTQ(W, H[h], cfg).quantize()
-                err = proxy_loss(W, torch.from_numpy(dequantize(t)), Hv[h]) / loss_of_zero
-                bits = 8 * sum(a.nbytes for _, a, _ in t.gguf_tensors("blk.0.w.weight")) / W.numel()
-                print(f"| blk.{i}.{short} | {text} | {err:.2%} | {bits:.3f} | {time.time() - start:.0f} |", flush=True)
-            for label, f in files:
-                name = f"blk.{i}.{short}.weight"
-                err = proxy_loss(W, f.weight(name), Hv[h]) / loss_of_zero
-                print(f"| blk.{i}.{short} | {label} ({f.bits[name].type}) | {err:.2%} | {f.bits[name].bpw:.3f} | – |", flush=True)
+            H, _ = hessian.collect(blk, x[:n_calib])
+            Hv, _ = hessian.collect(blk, x[n_calib:])
+            for short in names:
+                h = hessian.INPUT_OF[short]
+                yield f"blk.{i}.{short}", blk.w[short], H[h], Hv[h]
         with torch.no_grad():
             x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
 
+
+def held_out_error(W: torch.Tensor, Wq, Hv: torch.Tensor) -> float:
+    """‖(W − Ŵ)Xᵀ‖² / ‖WXᵀ‖² over the held-out inputs whose Hessian is Hv."""
+    return proxy_loss(W, torch.as_tensor(Wq), Hv) / proxy_loss(W, torch.zeros_like(W), Hv)
+
+
+def tensor_bpw(t: VQTensor) -> float:
+    """Bits per weight of one VQ tensor as the file counts them (indices and side tensors)."""
+    return 8 * sum(a.nbytes for _, a, _ in t.gguf_tensors("blk.0.w.weight")) / (t.shape[0] * t.shape[1])
 
 if __name__ == "__main__":
     main()

@@ -1,16 +1,19 @@
 """Which tensors of a VQ file hurt the model most: the KL-divergence from the float model when only one kind of
 block linear (attn_q, ..., ffn_down) is taken from the file and every other weight stays float.
 
-    python -m tools.sensitivity FILE.vq.gguf [--kinds attn_k ffn_down] [--windows 4] [--each]
+    python -m tools.sensitivity FILE.vq.gguf [--kinds attn_k ffn_down] [--windows 4] [--each [--json OUT]]
 
 The source is the default model (or --model); KL is per token, on held-out calibration windows (the same draw
 `vq-gguf quantize` holds out). The kinds' KLs roughly add up to the whole file's: a guide for spending bits.
-With --each, every tensor of the kinds alone, most harmful first: which layers deserve more bits.
+With --each, every tensor of the kinds alone, most harmful first: which layers deserve more bits (--json keeps
+them for `python -m tools.allocate`).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 from gguf import GGUFReader
 
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kinds", nargs="*", default=list(LINEARS))
     ap.add_argument("--windows", type=int, default=4, help="held-out windows of 512 tokens")
     ap.add_argument("--each", action="store_true", help="one tensor at a time instead of one kind at a time")
+    ap.add_argument("--json", default=None, help="with --each: write {tensor: KL per token} here")
     args = ap.parse_args(argv)
 
     src = source.load(args.model or fetch(home()))
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         print("| tensor | KL per token |\n| --- | ---: |")
         for kl, n in sorted(rows, reverse=True):
             print(f"| {n} | {kl:.4f} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"file": str(args.file), "windows": args.windows,
+                                                   "kl": {n: kl for kl, n in rows}}, indent=1))
         return
     print("| kind | tensors | KL per token | seconds |\n| --- | ---: | ---: | ---: |")
     for kind in ["all"] + args.kinds:
