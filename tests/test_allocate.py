@@ -47,3 +47,13 @@ def test_tensor_configs_are_what_quantize_applies():
     preset = dataclasses.replace(preset, overrides=tuple(parse_tensor_config(a, preset.config) for a in args) + preset.overrides)
     got = {b: preset.config_for(f"blk.{b}.ffn_down.weight", 30) for b in (0, 1, 2, 29)}
     assert [(got[b].v, got[b].k) for b in (0, 1, 2, 29)] == [(2, 64), (4, 128), (4, 256), (2, 64)]
+
+
+def test_bad_paths_and_files_are_refused_clearly(tmp_path):
+    from tools.allocate import main
+    with pytest.raises(SystemExit, match="no such file"):
+        main([str(tmp_path / "missing.gguf"), "--sensitivity", "s.json", "--budget", "2", "--ladder", "v=4,k=256"])
+    (tmp_path / "f.gguf").write_bytes(b"")
+    (tmp_path / "s.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not the JSON"):
+        main([str(tmp_path / "f.gguf"), "--sensitivity", str(tmp_path / "s.json"), "--budget", "2", "--ladder", "v=4,k=256"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from pathlib import Path
 
 from native.build import home
 from tools.layer_proxy import FileWeights, float_hessians, held_out_error, tensor_bpw
@@ -69,7 +70,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heldout-windows", type=int, default=4)
     args = ap.parse_args(argv)
 
-    s = json.loads(open(args.sensitivity).read())["kl"]
+    for path in (args.file, args.sensitivity):
+        if not Path(path).is_file():
+            raise SystemExit(f"{path}: no such file")
+    try:
+        s = json.loads(Path(args.sensitivity).read_text())["kl"]
+    except (ValueError, KeyError) as e:
+        raise SystemExit(f"{args.sensitivity}: not the JSON of `tools.sensitivity --each --json` ({e})")
     ladder = [(text, parse_config(text, PRESETS[args.preset].config)) for text in args.ladder]
     f = FileWeights(args.file)
     missing = [n for n in s if n not in f.bits]
