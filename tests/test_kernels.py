@@ -46,6 +46,13 @@ def test_file_with_every_format_feature(feature_files, isa):
     assert "0 failed" in out
 
 
+def test_file_with_a_shared_side_tensor(tmp_path):
+    """The tiny model's weights with every side tensor link one shared outlier codebook (format.md 4.1)."""
+    from tools import tiny_model
+    out = run(["file", tiny_model.write(tmp_path / "tiny.gguf")], "vbmi")
+    assert "7 tensors" in out and "0 failed" in out
+
+
 @pytest.mark.parametrize("isa", ["vbmi", "avx2"])
 def test_real_quantized_ffn_down(ffn_down_file, isa):
     out = run(["file", ffn_down_file, 6], isa)

@@ -4,15 +4,12 @@ import pytest
 from gguf import GGUFReader
 
 from tests.native import c_check_data, c_dequantize
-from vq_export import ggml_vq
 from vq_export.reference import dequantize
-from vq_export.vqtensor import VQTensor
+from vq_export.vqtensor import VQTensor, read_vq
 
 
 def vq_tensors(path):
-    reader = GGUFReader(path)
-    by_name = {t.name: t for t in reader.tensors}
-    return {n: VQTensor.from_gguf(n, by_name) for n, t in by_name.items() if ggml_vq.is_vq(t.tensor_type)}
+    return read_vq(GGUFReader(path))
 
 
 def assert_same_decode(t: VQTensor, name: str):

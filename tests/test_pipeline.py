@@ -1,5 +1,6 @@
 """The VPTQ pipeline on real weights (a few blocks of the default model, a small calibration set), and the
 end-to-end fine-tuning on a tiny model."""
+import dataclasses
 import json
 
 import numpy as np
@@ -51,8 +52,53 @@ def test_vptq_beats_kmeans_on_held_out_error(src, tmp_path):
         assert report[name]["rel_error_heldout"] < 0.7 * km_err, (name, report[name], km_err)
 
 
-def test_interrupted_vptq_resumes_to_the_same_file(src, tmp_path, monkeypatch):
-    whole = quantize_model(src, tmp_path / "whole.gguf", SMALL, only=["blk.0."], calib=[DEFAULT_CALIB])
+def test_shared_codebook_file(src, tmp_path):
+    """--share ffn_down: one codebook tensor and a link per weight; llama.cpp reads it as it reads the same
+    weights each with its own copy, and the bits counted from the file are the shared copy's bytes once."""
+    from gguf import GGUFReader
+    from vq_export import ggml_vq, gguf_writer
+    from vq_export.bpw import count
+    from vq_export.vqtensor import read_vq
+    preset = dataclasses.replace(SMALL, name="test-shared", share=("ffn_down",))
+    out = quantize_model(src, tmp_path / "shared.gguf", preset, only=["blk.0.ffn_down", "blk.1.ffn_down"], calib=[DEFAULT_CALIB])
+    reader = GGUFReader(out)
+    assert reader.get_field(ggml_vq.FORMAT_KEY).contents() == 2
+    assert [t.name for t in reader.tensors if t.name.startswith("vq_shared.")] == ["vq_shared.ffn_down.0.vq_codebook"]
+    vq = read_vq(reader)
+    assert [t.shared for t in vq.values()] == [{"vq_codebook": "vq_shared.ffn_down.0.vq_codebook"}] * 2
+    own = {n: dataclasses.replace(t, shared={}) for n, t in vq.items()}
+    copies = gguf_writer.write(tmp_path / "copies.gguf", src, vq=own, other_type="q8_0")
+    assert GGUFReader(copies).get_field(ggml_vq.FORMAT_KEY).contents() == 1
+    book = vq["blk.0.ffn_down.weight"].codebook.nbytes
+    a, b = count(out), count(copies)
+    assert sum(t.bytes for t in b.linears()) - sum(t.bytes for t in a.linears()) == book
+    assert a.file_bytes < b.file_bytes
+    with Model(out, n_ctx=256) as m:
+        toks = m.tokenize("It is a truth universally acknowledged")
+        shared_logits = m.logits(toks)
+    with Model(copies, n_ctx=256) as m:
+        assert np.array_equal(m.logits(toks), shared_logits)
+
+
+def test_finetune_keeps_a_shared_codebook_shared(tiny_src):
+    vq = _tiny_vq(tiny_src)
+    downs = [n for n in vq if "ffn_down" in n]
+    for n in downs:
+        vq[n].codebook = vq[downs[0]].codebook.copy()
+        vq[n].shared = {"vq_codebook": "vq_shared.ffn_down.0.vq_codebook"}
+    from vq_export.finetune import _student
+    _, weights = _student(tiny_src, vq)
+    assert weights[downs[0]].C is weights[downs[1]].C                      # one parameter, trained once
+    assert weights[downs[0]].C is not weights["blk.0.ffn_up.weight"].C
+    vq[downs[1]].codebook = vq[downs[1]].codebook.copy()
+    finetune(tiny_src, vq, Teacher.run(tiny_src, _tokens(28), n_heldout=4), steps=18, lr=1e-3, batch=4, eval_every=3)
+    assert all(np.array_equal(vq[n].codebook, vq[downs[0]].codebook) for n in downs)
+
+
+@pytest.mark.parametrize("share", [(), ("ffn_up",)])
+def test_interrupted_vptq_resumes_to_the_same_file(src, tmp_path, monkeypatch, share):
+    preset = dataclasses.replace(SMALL, share=share)
+    whole = quantize_model(src, tmp_path / "whole.gguf", preset, only=["blk.0."], calib=[DEFAULT_CALIB])
     real, calls = quantize.VPTQ, []
 
     class Dies(real):
@@ -64,9 +110,9 @@ def test_interrupted_vptq_resumes_to_the_same_file(src, tmp_path, monkeypatch):
 
     monkeypatch.setattr(quantize, "VPTQ", Dies)
     with pytest.raises(KeyboardInterrupt):
-        quantize_model(src, tmp_path / "resumed.gguf", SMALL, only=["blk.0."], calib=[DEFAULT_CALIB])
+        quantize_model(src, tmp_path / "resumed.gguf", preset, only=["blk.0."], calib=[DEFAULT_CALIB])
     monkeypatch.setattr(quantize, "VPTQ", real)
-    resumed = quantize_model(src, tmp_path / "resumed.gguf", SMALL, only=["blk.0."], calib=[DEFAULT_CALIB])
+    resumed = quantize_model(src, tmp_path / "resumed.gguf", preset, only=["blk.0."], calib=[DEFAULT_CALIB])
     assert resumed.read_bytes() == whole.read_bytes()
 
 

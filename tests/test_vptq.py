@@ -6,7 +6,7 @@ import torch
 
 from vq_export.kmeans import nearest
 from vq_export.reference import dequantize
-from vq_export.vptq import VPTQ, VPTQConfig, proxy_loss
+from vq_export.vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
 
 
 def layer(out_features=64, in_features=128, n_tokens=2048, seed=0):
@@ -113,3 +113,47 @@ def test_everything_at_once_with_outliers_and_residual():
     err, t, _ = loss(W, H, cfg)
     base, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
     assert np.isfinite(dequantize(t)).all() and err < base
+
+
+def test_shared_codebook_recovers_a_common_codebook():
+    """Three weights made of the same 16 vectors: one codebook fitted to all of them finds those vectors, so
+    each weight quantizes almost exactly with it (far better than with 4); the weights keep it unchanged."""
+    g = torch.Generator().manual_seed(10)
+    truth = torch.randn(16, 4, generator=g)
+    layers = []
+    for seed in range(3):
+        _, H = layer(seed=20 + seed)
+        idx = torch.randint(16, (16, 128), generator=g)
+        W = truth[idx].permute(0, 2, 1).reshape(64, 128)
+        layers.append((W, H))
+
+    def total(cfg):
+        C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg)
+        ts = [VPTQ(W, H, cfg, codebook=C).quantize() for W, H in layers]
+        assert all((t.codebook == C.to(torch.float16).numpy()).all() for t in ts)
+        return sum(proxy_loss(W, torch.from_numpy(dequantize(t)), H) / proxy_loss(W, torch.zeros_like(W), H)
+                   for (W, H), t in zip(layers, ts))
+
+    exact = total(VPTQConfig(v=4, k=16, refit_rounds=0))
+    refit = total(VPTQConfig(v=4, k=16, refit_rounds=2))
+    small = total(VPTQConfig(v=4, k=4, refit_rounds=2))
+    assert exact < 1e-3 and refit <= exact * 1.01 + 1e-6 and small > 100 * exact
+
+
+def test_shared_codebook_refit_lowers_error():
+    layers = [layer(seed=30 + s) for s in range(3)]
+
+    def total(rounds):
+        cfg = VPTQConfig(v=4, k=16, refit_rounds=rounds, row_scale=True)
+        C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg)
+        return sum(proxy_loss(W, torch.from_numpy(dequantize(VPTQ(W, H, cfg, codebook=C).quantize())), H) for W, H in layers)
+
+    assert total(2) < 0.97 * total(0)
+
+
+def test_shared_codebook_is_refused_with_residual_or_groups():
+    W, H = layer()
+    C = torch.zeros(1, 16, 4)
+    for cfg in (VPTQConfig(v=4, k=16, k_res=4), VPTQConfig(v=4, k=16, groups=2), VPTQConfig(v=4, k=32)):
+        with pytest.raises(ValueError, match="shared codebook"):
+            VPTQ(W, H, cfg, codebook=C)

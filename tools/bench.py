@@ -161,22 +161,17 @@ def vq_residual_file(work: Path, vq_full: Path, k_res: int) -> Path:
     import numpy as np
     from gguf import GGUFReader
     from native.build import home
-    from vq_export import default_model, ggml_vq, gguf_writer, source
-    from vq_export.vqtensor import VQTensor
+    from vq_export import default_model, gguf_writer, source
+    from vq_export.vqtensor import read_vq
     log(f"writing {out.name}: {vq_full.name} with a synthetic residual codebook of {k_res}")
     rng = np.random.default_rng(0)
-    reader = GGUFReader(vq_full)
-    by_name = {t.name: t for t in reader.tensors}
-    vq = {}
-    for n, t in by_name.items():
-        if ggml_vq.is_vq(t.tensor_type):
-            q = VQTensor.from_gguf(n, by_name)
-            if q.res_codebook is not None:
-                raise SystemExit(f"{vq_full} already has residual codebooks")
-            scale = 0.1 * float(np.abs(q.codebook.astype(np.float32)).mean())
-            q.res_codebook = (rng.normal(0, scale, (q.groups, k_res, q.v))).astype(np.float16)
-            q.res_codes = rng.integers(0, k_res, q.codes.shape).astype(np.uint32)
-            vq[n] = q
+    vq = read_vq(GGUFReader(vq_full))
+    for q in vq.values():
+        if q.res_codebook is not None or q.shared:
+            raise SystemExit(f"{vq_full} already has residual codebooks or shares side tensors")
+        scale = 0.1 * float(np.abs(q.codebook.astype(np.float32)).mean())
+        q.res_codebook = (rng.normal(0, scale, (q.groups, k_res, q.v))).astype(np.float16)
+        q.res_codes = rng.integers(0, k_res, q.codes.shape).astype(np.uint32)
     gguf_writer.write(out, source.load(default_model.fetch(home())), vq=vq, other_type="q8_0")
     return out
 
@@ -188,13 +183,10 @@ def vq_ffn_down_file(work: Path, vq_full: Path) -> Path:
         return out
     from gguf import GGUFReader
     from native.build import home
-    from vq_export import default_model, ggml_vq, gguf_writer, source
-    from vq_export.vqtensor import VQTensor
+    from vq_export import default_model, gguf_writer, source
+    from vq_export.vqtensor import read_vq
     log(f"writing {out.name}: the ffn_down weights of {vq_full.name}, the rest Q8_0")
-    reader = GGUFReader(vq_full)
-    by_name = {t.name: t for t in reader.tensors}
-    vq = {n: VQTensor.from_gguf(n, by_name) for n, t in by_name.items()
-          if ggml_vq.is_vq(t.tensor_type) and ".ffn_down." in n}
+    vq = read_vq(GGUFReader(vq_full), lambda n: ".ffn_down." in n)
     gguf_writer.write(out, source.load(default_model.fetch(home())), vq=vq, other_type="q8_0")
     return out
 

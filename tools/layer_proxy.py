@@ -35,12 +35,14 @@ class FileWeights:
     """The block linears of a GGUF file as float matrices, with their type and bits per weight as the file counts them."""
 
     def __init__(self, path: str):
-        self.tensors = {t.name: t for t in GGUFReader(path).tensors}
+        reader = GGUFReader(path)
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.links = ggml_vq.links(reader.fields)
         self.bits = {t.name: t for t in bpw.count(path).tensors}
 
     def weight(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
-        w = dequantize(VQTensor.from_gguf(name, self.tensors)) if ggml_vq.is_vq(t.tensor_type) else source.dequantize_tensor(t)
+        w = dequantize(VQTensor.from_gguf(name, self.tensors, self.links)) if ggml_vq.is_vq(t.tensor_type) else source.dequantize_tensor(t)
         return torch.from_numpy(np.asarray(w, dtype=np.float32))
 
 

@@ -34,27 +34,36 @@ class Case:
 
 
 class Edited(VQTensor):
-    """A VQ tensor whose GGUF tensors pass through `edit` (name, array, raw type) -> list: files the writer never makes."""
+    """A VQ tensor whose GGUF tensors pass through `edit` (name, array, raw type) -> list, and whose links get
+    `links` added: files the writer never makes."""
 
-    def __init__(self, t: VQTensor, edit):
+    def __init__(self, t: VQTensor, edit=lambda ts: ts, links=None):
         super().__init__(**t.__dict__)
-        self.edit = edit
+        self.edit, self.extra_links = edit, links or {}
 
     def gguf_tensors(self, weight_name):
         return self.edit(super().gguf_tensors(weight_name))
 
+    def links(self, weight_name):
+        return {**super().links(weight_name), **self.extra_links}
 
-def tiny(weight: str | None = None, edit=None, **fields) -> Callable[[Path], None]:
-    """Writer-made variant: `fields` replace attributes of `weight`'s VQTensor, `edit` rewrites its GGUF tensors."""
+
+def tiny(weight: str | None = None, edit=None, links=None, **fields) -> Callable[[Path], None]:
+    """Writer-made variant: `fields` replace attributes of `weight`'s VQTensor, `edit` rewrites its GGUF tensors,
+    `links` adds link keys."""
     def make(path: Path) -> None:
         vq = tiny_model.vq_tensors()
         if weight:
             for k, v in fields.items():
                 setattr(vq[weight], k, v(vq[weight]) if callable(v) else v)
-            if edit:
-                vq[weight] = Edited(vq[weight], edit)
+            if edit or links:
+                vq[weight] = Edited(vq[weight], edit or (lambda ts: ts), links)
         tiny_model.write(path, vq)
     return make
+
+
+def link(weight: str, suffix: str) -> str:
+    return ggml_vq.LINK_PREFIX + side(weight, suffix)
 
 
 def replace_side(suffix: str, fn) -> Callable:
@@ -171,7 +180,7 @@ def tiny_model_tensor_names() -> list[str]:
     src = tiny_model.source()
     vq = tiny_model.vq_tensors()
     for name in src.tensors:
-        names += [n for n, _, _ in vq[name].gguf_tensors(name)] if name in vq else [name]
+        names += [n for n, _, _ in vq[name].gguf_tensors(name) if n not in names] if name in vq else [name]
     return names
 
 
@@ -197,7 +206,8 @@ def corpus() -> list[Case]:
           for t in (1500, 5000, 0xFFFFFFFF)],
         # format version
         Case("format version missing", raw(lambda lay, d: d.replace(b"vq.format_version", b"vq.format_versioX")), ("format version",)),
-        Case("format version 2", raw(set_format_version("I", (4, 2))), ("format version",)),
+        Case("format version 3", raw(set_format_version("I", (4, 3))), ("format version",)),
+        Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version of type int32", raw(set_format_version("i", (5, 1))), ("format version",)),
         # type ids
@@ -283,6 +293,24 @@ def corpus() -> list[Case]:
              ("blk.0.attn_norm.vq_codebook", "side tensor")),
         Case("unknown side tensor", tiny(Q, edit=lambda ts: ts + [(side(Q, "vq_scales"), np.zeros(4, np.float32), None)]),
              (side(Q, "vq_scales"), "side tensor")),
+        # shared side tensors (format.md 4.1); the valid file shares one outlier codebook among Q, attn_output and D
+        Case("main codebook under a shared name", tiny(K, shared={"vq_codebook": "vq_shared.k.vq_codebook"}), None),
+        Case("shared outlier codebook linked by a fourth weight", tiny(G, outlier_cols=np.array([1], np.int32),
+             outlier_idx=np.zeros((1, 96 // 2), np.int16), outlier_codebook=lambda t: tiny_model.vq_tensors()[Q].outlier_codebook,
+             shared={"vq_outlier_codebook": tiny_model.SHARED_OUTLIERS}), None),
+        Case("link to a missing shared tensor", tiny(Q, links={link(Q, "vq_outlier_codebook"): "vq_shared.none.vq_outlier_codebook"}),
+             (Q, "vq_shared.none.vq_outlier_codebook", "lacks")),
+        Case("own side tensor and a link", tiny(Q, edit=lambda ts: ts + [(side(Q, "vq_outlier_codebook"), ts[-1][1], None)]),
+             (side(Q, "vq_outlier_codebook"), "both")),
+        Case("shared tensor that no weight links", tiny(K, edit=lambda ts: ts + [("vq_shared.x.vq_codebook", np.zeros((1, 8, 2), np.float16), None)]),
+             ("vq_shared.x.vq_codebook", "no VQ weight")),
+        Case("link to a tensor of another side", tiny(K, links={link(K, "vq_perm"): tiny_model.SHARED_OUTLIERS}),
+             (link(K, "vq_perm"), "not a shared")),
+        Case("link to a weight's own side tensor", tiny(K, links={link(K, "vq_res_codebook"): side(Q, "vq_res_codebook")}),
+             (link(K, "vq_res_codebook"), "not a shared")),
+        Case("link of a weight that is not VQ", tiny(K, links={link("blk.0.attn_norm.weight", "vq_codebook"): "vq_shared.y.vq_codebook"}),
+             (link("blk.0.attn_norm.weight", "vq_codebook"), "no VQ weight")),
+        Case("codebook linked by weights of other lane counts", _codebook_of_k_linked_by_g, (G, "codebook")),
     ]
 
 
@@ -296,4 +324,12 @@ def _vq_on_token_embd(path: Path) -> None:
     vq["token_embd.weight"] = VQTensor(shape=(tiny_model.N_VOCAB, tiny_model.N_EMBD),
                                        codes=np.zeros((tiny_model.N_VOCAB // 4, tiny_model.N_EMBD), np.uint32),
                                        codebook=np.zeros((1, 16, 4), np.float16))
+    tiny_model.write(path, vq)
+
+
+def _codebook_of_k_linked_by_g(path: Path) -> None:
+    vq = tiny_model.vq_tensors()
+    vq[K].shared = {"vq_codebook": "vq_shared.k.vq_codebook"}
+    vq[G] = Edited(vq[G], edit=lambda ts: [x for x in ts if not x[0].endswith(".vq_codebook")],
+                   links={link(G, "vq_codebook"): "vq_shared.k.vq_codebook"})
     tiny_model.write(path, vq)

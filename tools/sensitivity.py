@@ -18,12 +18,12 @@ from pathlib import Path
 from gguf import GGUFReader
 
 from native.build import home
-from vq_export import ggml_vq, source
+from vq_export import source
 from vq_export.calib import DEFAULT_CALIB, calibration_tokens
 from vq_export.default_model import fetch
 from vq_export.finetune import kl_to_float
 from vq_export.model import LINEARS
-from vq_export.vqtensor import VQTensor
+from vq_export.vqtensor import read_vq
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,9 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     src = source.load(args.model or fetch(home()))
-    tensors = {t.name: t for t in GGUFReader(args.file).tensors}
-    vq = {n: VQTensor.from_gguf(n, tensors) for n in src.linear_names()
-          if n in tensors and ggml_vq.is_vq(int(tensors[n].tensor_type))}
+    vq = read_vq(GGUFReader(args.file), set(src.linear_names()).__contains__)
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], 32 + args.windows, 512)[32:]
     if args.each:
         rows = []

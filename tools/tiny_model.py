@@ -1,5 +1,5 @@
 """A tiny valid VQ model (one llama block, 64 wide, 32 tokens, ~35 KB) in which every block linear is VQ
-and every format feature appears somewhere: the base of the malformed-file corpus (tests/test_malformed.py)
+and every format feature appears somewhere (a shared side tensor too): the base of the malformed-file corpus (tests/test_malformed.py)
 and the seed of the load fuzzer (tools/fuzz.py). Random but fixed weights: it is valid, not meaningful.
 """
 from __future__ import annotations
@@ -101,9 +101,18 @@ def vq_tensor(name: str, rng: np.random.Generator) -> VQTensor:
     return t
 
 
+# the weights with every side tensor share one outlier codebook (docs/format.md 4.1)
+SHARED_OUTLIERS = "vq_shared.blk.0.vq_outlier_codebook"
+
+
 def vq_tensors() -> dict[str, VQTensor]:
     rng = np.random.default_rng(1)
-    return {name: vq_tensor(name, rng) for name in LAYOUT}
+    vq = {name: vq_tensor(name, rng) for name in LAYOUT}
+    with_sides = [t for name, t in vq.items() if LAYOUT[name][4]]
+    for t in with_sides:
+        t.outlier_codebook = with_sides[0].outlier_codebook
+        t.shared = {"vq_outlier_codebook": SHARED_OUTLIERS}
+    return vq
 
 
 def write(path: str | Path, vq: dict[str, VQTensor] | None = None, arch: str = "llama", vocab: bool = True) -> Path:

@@ -18,8 +18,8 @@ class TensorBits:
     type: str
     shape: tuple[int, ...]
     elements: int
-    bytes: int                 # the tensor itself plus, for a VQ weight, all its side tensors
-    side_bytes: int = 0
+    bytes: float               # the tensor itself plus, for a VQ weight, all its side tensors (its share of shared ones)
+    side_bytes: float = 0
 
     @property
     def bpw(self) -> float:
@@ -66,18 +66,18 @@ def count(path: str | Path) -> FileBits:
     path = Path(path)
     reader = GGUFReader(path)
     by_name = {t.name: t for t in reader.tensors}
-    side_names = set()
-    for t in reader.tensors:
-        if ggml_vq.is_vq(t.tensor_type):
-            side_names |= {ggml_vq.side_name(t.name, s) for s in ggml_vq.SIDES}
+    links = ggml_vq.links(reader.fields)
+    sides = {t.name: [links.get(s, s) for s in (ggml_vq.side_name(t.name, x) for x in ggml_vq.SIDES)]
+             for t in reader.tensors if ggml_vq.is_vq(t.tensor_type)}
+    users = Counter(s for names in sides.values() for s in names)   # a shared side's bytes are split among its users
     bits = FileBits(path=path, file_bytes=path.stat().st_size)
     for t in reader.tensors:
-        if t.name in side_names:
+        if t.name in users:
             continue
         side = 0
         type_name = t.tensor_type.name.lower()
-        if ggml_vq.is_vq(t.tensor_type):
-            side = sum(int(by_name[s].n_bytes) for s in (ggml_vq.side_name(t.name, x) for x in ggml_vq.SIDES) if s in by_name)
+        if t.name in sides:
+            side = sum(int(by_name[s].n_bytes) / users[s] for s in sides[t.name] if s in by_name)
         bits.tensors.append(TensorBits(name=t.name, type=type_name, shape=tuple(int(x) for x in t.shape),
                                        elements=int(t.n_elements), bytes=int(t.n_bytes) + side, side_bytes=side))
     return bits

@@ -58,6 +58,8 @@ def cmd_quantize(args) -> Path:
         tag = hashlib.sha256(" ".join(args.tensor_config).encode()).hexdigest()[:8]
         overrides = tuple(parse_tensor_config(t, preset.config) for t in args.tensor_config)
         preset = dataclasses.replace(preset, name=f"{preset.name}-tc{tag}", overrides=overrides + preset.overrides)
+    if args.share:
+        preset = dataclasses.replace(preset, name=preset.name + "-shared-" + "-".join(args.share), share=tuple(args.share))
     if args.independent:
         preset = dataclasses.replace(preset, name=preset.name + "-independent", sequential=False)
     if args.calib_windows:
@@ -123,8 +125,9 @@ def cmd_inspect(args) -> None:
             continue
         extra = ""
         if ggml_vq.is_vq(by_name[t.name].tensor_type):
-            q = VQTensor.from_gguf(t.name, by_name)
-            extra = f"v={q.v} k={2 ** q.b1}" + (f"+{2 ** q.b2}" if q.b2 else "") + (f" G={q.groups}" if q.groups > 1 else "")
+            q = VQTensor.from_gguf(t.name, by_name, ggml_vq.links(reader.fields))
+            extra = f"v={q.v} k={2 ** q.b1}" + (f"+{2 ** q.b2}" if q.b2 else "") + (f" G={q.groups}" if q.groups > 1 else "") \
+                + "".join(f" {side}->{name}" for side, name in q.shared.items())
             if args.decode:
                 w = dequantize(q)
                 extra += f"  decoded: rms {float(np.sqrt((w ** 2).mean())):.4g}, max |w| {float(np.abs(w).max()):.4g}, finite {bool(np.isfinite(w).all())}"
@@ -247,6 +250,7 @@ CONFIG_FLAGS = {
 
 
 def add_quantize(p: argparse.ArgumentParser) -> None:
+    from .model import LINEARS
     from .quantize import PRESETS
     p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
     for name, (typ, text) in CONFIG_FLAGS.items():
@@ -254,6 +258,9 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-config", nargs="+", default=None, metavar="KIND[@BLOCKS]:SETTINGS",
                    help="other settings for some tensors, e.g. ffn_down@0,-1:v=2,k=64 (blocks counted from the end "
                         "when negative; before the preset's own overrides)")
+    p.add_argument("--share", nargs="+", default=None, metavar="KIND", choices=LINEARS,
+                   help="one main codebook for all tensors of each KIND (and equal settings), stored once "
+                        "(docs/format.md 4.1): a larger codebook at the same bits")
     p.add_argument("--independent", action="store_true",
                    help="Hessians of every block from the float model (the reference VPTQ), not from the quantized earlier blocks")
     p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="q8_0",

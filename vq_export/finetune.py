@@ -28,21 +28,30 @@ from .vqtensor import VQTensor
 
 
 class VQWeight(torch.nn.Module):
-    """A VQ weight as a differentiable function of its codebooks (codes, permutation and outliers fixed)."""
+    """A VQ weight as a differentiable function of its codebooks (codes, permutation, norms and outliers fixed).
+    A codebook shared by several weights (format.md 4.1) is one Parameter in `shared`, keyed by its tensor name."""
 
-    def __init__(self, t: VQTensor):
+    def __init__(self, t: VQTensor, shared: dict[str, torch.nn.Parameter] | None = None):
         super().__init__()
-        if t.groups != 1 or t.col_norm is not None or t.row_scale is not None:
-            raise ValueError("fine-tuning supports one codebook group without column norm or row scale")
+        if t.groups != 1:
+            raise ValueError("fine-tuning supports one codebook group")
+        shared = {} if shared is None else shared
+
+        def book(side: str, values: np.ndarray) -> torch.nn.Parameter:
+            p = torch.nn.Parameter(torch.from_numpy(values.astype(np.float32)))
+            return shared.setdefault(t.shared[side], p) if side in t.shared else p
+
         self.shape = t.shape
         self.register_buffer("codes", torch.from_numpy(t.codes.astype(np.int64)))
-        self.C = torch.nn.Parameter(torch.from_numpy(t.codebook[0].astype(np.float32)))
-        self.R = None if t.res_codebook is None else torch.nn.Parameter(torch.from_numpy(t.res_codebook[0].astype(np.float32)))
+        self.C = book("vq_codebook", t.codebook[0])
+        self.R = None if t.res_codebook is None else book("vq_res_codebook", t.res_codebook[0])
         self.register_buffer("res_codes", None if t.res_codes is None else torch.from_numpy(t.res_codes.astype(np.int64)))
         self.register_buffer("perm", None if t.perm is None else torch.from_numpy(t.perm.astype(np.int64)))
+        self.register_buffer("col_norm", None if t.col_norm is None else torch.from_numpy(t.col_norm.astype(np.float32)))
+        self.register_buffer("row_scale", None if t.row_scale is None else torch.from_numpy(t.row_scale.astype(np.float32)))
         self.O = None
         if t.outlier_cols is not None:
-            self.O = torch.nn.Parameter(torch.from_numpy(t.outlier_codebook.astype(np.float32)))
+            self.O = book("vq_outlier_codebook", t.outlier_codebook)
         self.register_buffer("outlier_cols", None if t.outlier_cols is None else torch.from_numpy(t.outlier_cols.astype(np.int64)))
         self.register_buffer("outlier_idx", None if t.outlier_idx is None else torch.from_numpy(t.outlier_idx.astype(np.int64)))
 
@@ -52,11 +61,15 @@ class VQWeight(torch.nn.Module):
         if self.R is not None:
             vals = vals + self.R[self.res_codes]
         W = vals.permute(0, 2, 1).reshape(out_features, in_features)          # stored column order
+        if self.col_norm is not None:
+            W = W * self.col_norm[0] + self.col_norm[1]
         if self.perm is not None:
             W = torch.empty_like(W).index_copy(1, self.perm, W)
         if self.O is not None:
             corr = self.O[self.outlier_idx].reshape(len(self.outlier_cols), out_features).T   # [out, n_o]
             W = W.index_add(1, self.outlier_cols, corr)
+        if self.row_scale is not None:
+            W = W * self.row_scale[:, None]
         return W
 
     def write_back(self, t: VQTensor) -> None:
@@ -116,7 +129,7 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
         for n in ("attn_norm", "ffn_norm"):
             blk.w[n] = norms[f"blk.{i}.{n}.weight"] = blk.w[n].clone().requires_grad_(True)
     student.out_norm = norms["output_norm.weight"] = student.out_norm.clone().requires_grad_(True)
-    params = [p for w in weights.values() for p in w.parameters()] + list(norms.values())
+    params = list({id(p): p for w in weights.values() for p in w.parameters()}.values()) + list(norms.values())
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     n_train = len(teacher.tokens) - teacher.n_heldout
@@ -182,7 +195,10 @@ def _kl(student: Llama, tokens: torch.Tensor, hidden: torch.Tensor, device) -> t
 def _student(src, vq: dict[str, VQTensor], device="cpu") -> tuple[Llama, dict[str, VQWeight]]:
     """The model with its VQ weights as functions of their codebooks; their float copies in `src` stay behind."""
     student = Llama(dataclasses.replace(src, tensors={n: w for n, w in src.tensors.items() if n not in vq}), device)
-    weights = {name: VQWeight(t).to(device) for name, t in vq.items()}
+    shared = {}
+    weights = {name: VQWeight(t, shared) for name, t in vq.items()}
+    for w in weights.values():
+        w.to(device)   # in place: a shared codebook stays one Parameter
     for i, blk in enumerate(student.blocks):
         blk.linear = _linear(blk, i, weights)
     return student, weights

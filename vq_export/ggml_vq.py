@@ -11,7 +11,9 @@ import enum
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 FORMAT_KEY = "vq.format_version"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2       # written when a file shares side tensors; without, 1 (what version 1 defined)
+LINK_PREFIX = "vq.link."  # vq.link.<side tensor name> = "vq_shared.<label>.<suffix>" (format.md 4.1)
+SHARED_PREFIX = "vq_shared."
 METHOD_KEY = "vq.method"
 PRESET_KEY = "vq.preset"
 INPUTS_KEY = "vq.inputs"  # hash of what the file was made from, to reuse it when nothing changed
@@ -63,6 +65,18 @@ def side_name(weight_name: str, side: str) -> str:
     if not weight_name.endswith(WEIGHT_SUFFIX):
         raise ValueError(f"{weight_name!r} is not a weight name (it must end in {WEIGHT_SUFFIX!r})")
     return weight_name[: -len(WEIGHT_SUFFIX)] + "." + side
+
+
+def shared_name(label: str, side: str) -> str:
+    """Name of a side tensor several weights link: ("ffn_down", "vq_codebook") -> vq_shared.ffn_down.vq_codebook."""
+    if side not in SIDES:
+        raise ValueError(f"{side!r} is not a VQ side tensor")
+    return f"{SHARED_PREFIX}{label}.{side}"
+
+
+def links(fields) -> dict[str, str]:
+    """The links of a GGUFReader's fields: side tensor name -> the shared tensor that stands for it."""
+    return {k[len(LINK_PREFIX):]: f.contents() for k, f in fields.items() if k.startswith(LINK_PREFIX)}
 
 
 def _register_with_gguf() -> None:

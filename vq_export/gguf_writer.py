@@ -80,17 +80,25 @@ def write(path: str | os.PathLike, source: SourceModel, *, vq: Mapping[str, VQTe
     file_type = ggml_vq.FTYPE_MOSTLY_VQ if vq else int(PLAIN_TYPES[other_type][1])
     skip = {"general.architecture", "general.file_type", ggml_vq.FORMAT_KEY, *extra_kv}
     for kv in source.metadata:
-        if kv.key not in skip:
+        if kv.key not in skip and not kv.key.startswith(ggml_vq.LINK_PREFIX):
             writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
     writer.add_key_value("general.file_type", file_type, GGUFValueType.UINT32)
+    links = {k: v for t_name, t in vq.items() for k, v in t.links(t_name).items()}
     if vq:
-        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.FORMAT_VERSION, GGUFValueType.UINT32)
-    for key, value in extra_kv.items():
+        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.FORMAT_VERSION if links else 1, GGUFValueType.UINT32)
+    for key, value in {**extra_kv, **links}.items():
         writer.add_key_value(key, value, GGUFValueType.STRING)
 
+    shared: dict[str, np.ndarray] = {}
     for name, values in source.tensors.items():
         if name in vq:
             for tname, data, raw in vq[name].gguf_tensors(name):
+                if tname in shared:
+                    if not np.array_equal(shared[tname], data):
+                        raise ValueError(f"{name}: its {tname} differs from the other weights' that share it")
+                    continue
+                if tname.startswith(ggml_vq.SHARED_PREFIX):
+                    shared[tname] = data
                 writer.add_tensor(tname, data, raw_dtype=raw)
         elif name in override:
             writer.add_tensor(name, np.ascontiguousarray(override[name], dtype=np.float32))

@@ -3,23 +3,29 @@ from __future__ import annotations
 
 import torch
 
-CHUNK = 1 << 16  # rows of the distance matrix computed at once
+CHUNK = 1 << 24  # entries of the distance matrix computed at once (64 MiB)
 
 
 def nearest(X: torch.Tensor, C: torch.Tensor, lane_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Index of the nearest centroid of each row of X, and the squared distance to it; with lane_w [n, v] the
-    distance is Σ_e lane_w[i, e] (x_ie − c_e)²."""
+    distance is Σ_e lane_w[i, e] (x_ie − c_e)². One product per chunk: ‖x‖² is the same for every centroid, so
+    the argmin needs only −2 x·c + ‖c‖² (with lane weights: [−2 w⊙x, w] · [c, c⊙c])."""
     idx = torch.empty(X.shape[0], dtype=torch.long)
     dist = torch.empty(X.shape[0], dtype=X.dtype)
+    rows = max(1, CHUNK // C.shape[0])
     c2 = (C * C).sum(1)
-    for s in range(0, X.shape[0], CHUNK):
-        x = X[s : s + CHUNK]
+    Z = torch.cat([C, C * C], 1).T if lane_w is not None else None
+    for s in range(0, X.shape[0], rows):
+        x = X[s : s + rows]
         if lane_w is None:
-            d = (x * x).sum(1, keepdim=True) - 2 * x @ C.T + c2
+            d = torch.addmm(c2, x, C.T, alpha=-2)
+            x2 = (x * x).sum(1)
         else:
-            w = lane_w[s : s + CHUNK]
-            d = (w * x * x).sum(1, keepdim=True) - 2 * (w * x) @ C.T + w @ (C * C).T
-        dist[s : s + CHUNK], idx[s : s + CHUNK] = d.min(1)
+            w = lane_w[s : s + rows]
+            d = torch.cat([-2 * w * x, w], 1) @ Z
+            x2 = (w * x * x).sum(1)
+        m, idx[s : s + rows] = d.min(1)
+        dist[s : s + rows] = m + x2
     return idx, dist.clamp_min_(0)
 
 

@@ -33,7 +33,7 @@ from .kmeans import kmeans, nearest
 from .model import LINEARS, Llama
 from .reference import dequantize
 from .source import SourceModel
-from .vptq import VPTQ, VPTQConfig, proxy_loss
+from .vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
 from .vqtensor import VQTensor
 
 
@@ -58,6 +58,7 @@ class Preset:
     sequential: bool = True                         # Hessians from the quantized earlier blocks
     finetune_steps: int = 0                         # end-to-end KL fine-tuning of codebooks and norms (0: none)
     finetune_lr: float = 1e-4
+    share: tuple[str, ...] = ()                     # kinds whose tensors of equal config share one main codebook
 
     def config_for(self, name: str, n_blocks: int):
         """The config of block linear `name` (blk.N.KIND.weight) in a model of n_blocks blocks. Override keys:
@@ -118,14 +119,21 @@ def quantize_linear(W: np.ndarray, cfg: VQConfig, seed: int = 0) -> VQTensor:
 def _save_part(path: Path, t: VQTensor, report: dict) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
     arrays = {k: v for k, v in asdict(t).items() if isinstance(v, np.ndarray)}
-    np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), **arrays)
+    np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), shared=np.array(json.dumps(t.shared)), **arrays)
     tmp.replace(path)
 
 
 def _load_part(path: Path) -> tuple[VQTensor, dict]:
     with np.load(path) as z:
-        fields = {k: z[k] for k in z.files if k not in ("shape", "report")}
-        return VQTensor(shape=tuple(int(x) for x in z["shape"]), **fields), json.loads(str(z["report"]))
+        fields = {k: z[k] for k in z.files if k not in ("shape", "report", "shared")}
+        return (VQTensor(shape=tuple(int(x) for x in z["shape"]), shared=json.loads(str(z["shared"])), **fields),
+                json.loads(str(z["report"])))
+
+
+def _save_array(path: Path, a: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, a)
+    tmp.replace(path)
 
 
 def _file_key(path: Path) -> str | None:
@@ -170,7 +178,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     if run.out.exists() and _file_key(run.out) == run.key:
         print(f"[quantize] {run.out} is up to date (same source, settings, calibration and seed)", flush=True)
         return run.out
-    gguf_writer.check_writable(run.out, 2 * estimate_bytes(run) + 2**20)  # the GGUF's temporary copy and the parts
+    gguf_writer.check_writable(run.out, 2 * estimate_bytes(run) + hessian_bytes(run) + 2**20)  # the GGUF's temporary copy and the parts
     run.parts.mkdir(parents=True, exist_ok=True)
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
@@ -204,6 +212,12 @@ def estimate_bytes(run: Run) -> int:
     return int(total)
 
 
+def hessian_bytes(run: Run) -> int:
+    """The float Hessians that shared codebooks keep in the parts folder (F32)."""
+    return sum(4 * run.source.tensors[n].shape[1] ** 2 for n in run.names
+               if run.preset.method == "vptq" and n.split(".")[2] in run.preset.share)
+
+
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
     done, report = {}, {}
     for name in tqdm(run.names, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True):
@@ -224,6 +238,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     model = Llama(run.source)
     x = model.embed(tokens)                       # [N, L, d]: calibration windows, then held-out windows
     n_fit = preset.n_calib
+    shared = _shared_codebooks(run, model, x[:n_fit])
     float_x = x if not preset.sequential else None
     done, report = {}, {}
     bar = tqdm(total=len(run.names), desc=f"quantize {preset.name}", unit="tensor", dynamic_ncols=True)
@@ -242,7 +257,10 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
                 t, rep = _load_part(part)
             else:
                 cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
-                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg).quantize()
+                book_name, book = shared.get(name, (None, None))
+                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, codebook=book).quantize()
+                if book_name:
+                    t.shared = {"vq_codebook": book_name}
                 W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
                 hv = H_val[hessian.INPUT_OF[short]]
                 rep = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, torch.zeros_like(W), hv),
@@ -262,6 +280,37 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
                 x = float_x
     bar.close()
     return done, report
+
+
+def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor) -> dict[str, tuple[str, torch.Tensor]]:
+    """For the tensors of the preset's shared kinds: {name: (shared tensor name, codebook)}, one codebook per
+    kind and config, fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
+    groups: dict[tuple[str, VPTQConfig], list[str]] = {}
+    for name in run.names:
+        kind = name.split(".")[2]
+        if kind in run.preset.share:
+            groups.setdefault((kind, dataclasses.replace(run.preset.config_for(name, run.source.n_blocks), seed=run.seed)), []).append(name)
+    hessian_of = {name: run.parts / f"H.{name}.npy" for names in groups.values() for name in names}
+    if any(not (run.parts / f"shared.{kind}.{i}.npy").exists() for i, (kind, _) in enumerate(groups)) and \
+            any(not h.exists() for h in hessian_of.values()):
+        last = max(int(n.split(".")[1]) for n in hessian_of)
+        for i, blk in enumerate(tqdm(model.blocks[: last + 1], desc="float Hessians (shared codebooks)", unit="block")):
+            H, _ = hessian.collect(blk, x)
+            for short in LINEARS:
+                if f"blk.{i}.{short}.weight" in hessian_of:
+                    _save_array(hessian_of[f"blk.{i}.{short}.weight"], H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
+            with torch.no_grad():
+                x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+    books = {}
+    for i, ((kind, cfg), names) in enumerate(groups.items()):
+        label, path = f"{kind}.{i}", run.parts / f"shared.{kind}.{i}.npy"
+        if not path.exists():
+            print(f"[quantize] one codebook v={cfg.v} k={cfg.k} for {len(names)} {kind} tensors", flush=True)
+            layers = lambda: (VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg) for n in names)  # noqa: E731
+            _save_array(path, shared_codebook(layers, cfg).numpy())
+        C = torch.from_numpy(np.load(path))
+        books.update({n: (ggml_vq.shared_name(label, "vq_codebook"), C) for n in names})
+    return books
 
 
 def _finetune(run: Run, done: dict[str, VQTensor]) -> SourceModel:

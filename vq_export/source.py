@@ -119,13 +119,14 @@ def _load(path: Path, vq_ok: bool) -> tuple[SourceModel, dict]:
     from .vqtensor import VQTensor
     reader, arch = _reader(path)
     by_name = {t.name: t for t in reader.tensors}
+    links = ggml_vq.links(reader.fields)
     tensors, types, vq = {}, {}, {}
     for t in reader.tensors:
         if ggml_vq.is_vq(t.tensor_type):
             if not vq_ok:
                 raise SourceError(f"{path}: tensor {t.name} is already VQ-quantized; start from a float or llama.cpp-quantized file")
             try:
-                vq[t.name] = VQTensor.from_gguf(t.name, by_name)
+                vq[t.name] = VQTensor.from_gguf(t.name, by_name, links)
             except (ValueError, KeyError) as e:
                 raise SourceError(f"{path}: {e}") from e
             tensors[t.name] = decode_vq(vq[t.name])

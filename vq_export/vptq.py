@@ -66,10 +66,17 @@ class VPTQ:
     distance, k-means and refit, so each step still minimises the true output error.
     """
 
-    def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VPTQConfig):
+    def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VPTQConfig,
+                 codebook: torch.Tensor | None = None):
+        """`codebook` [1, k, v]: a fixed main codebook (one several weights share, see shared_codebook): no
+        k-means and no refit of it here."""
         self.W0 = torch.as_tensor(W, dtype=torch.float32).clone()
         self.H0 = torch.as_tensor(H, dtype=torch.float64).clone()
         self.cfg = cfg
+        self.codebook = codebook
+        if codebook is not None and (cfg.k_res or cfg.outlier_frac or cfg.groups != 1 or codebook.shape != (1, cfg.k, cfg.v)):
+            raise ValueError(f"a shared codebook {tuple(codebook.shape)} needs one group of [{cfg.k}, {cfg.v}] "
+                             "without residual or outlier codebooks")
         out_features, in_features = self.W0.shape
         if out_features % cfg.v or (cfg.outlier_frac and out_features % cfg.v0):
             raise ValueError(f"vector lengths {cfg.v}/{cfg.v0} do not divide {out_features} output channels")
@@ -243,7 +250,7 @@ class VPTQ:
         Wp = self.W[:, self.perm]
         n_out = int(round(cfg.outlier_frac * in_features))
 
-        C = self._grouped_kmeans(Wp, cfg.k, cfg.seed)
+        C = self._grouped_kmeans(Wp, cfg.k, cfg.seed) if self.codebook is None else self.codebook
         R = O = None
         if n_out:
             lw = self._lane_w(v)
@@ -256,7 +263,7 @@ class VPTQ:
         if cfg.k_res:
             R = self._grouped_kmeans(target - Q, cfg.k_res, cfg.seed + 1)
             codes, rcodes, ocodes, Q, target = self._assign(C, R, O, n_out)
-        for _ in range(cfg.refit_rounds):
+        for _ in range(cfg.refit_rounds if self.codebook is None else 0):
             Qout = self._outlier_part(ocodes, O, n_out)
             C, R = self._refit(codes, rcodes, C, R, Qout)
             codes, rcodes, ocodes, Q, target = self._assign(C, R, O, n_out)
@@ -288,3 +295,40 @@ class VPTQ:
             t.outlier_idx = ocodes.numpy().astype(np.int16)
             t.outlier_codebook = O.to(torch.float16).numpy()
         return t
+
+
+def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch.Tensor:
+    """One [1, k, v] codebook for several weights (format.md 4.1): Hessian-weighted k-means over their vectors
+    (normalized as cfg says; at most max_points of them, drawn uniformly, which keeps k = 4096 over 30 tensors
+    to minutes), then cfg.refit_rounds rounds of second-order assignment of each weight with the centroids
+    moved to the weighted mean of the error-compensated targets assigned to them (all vectors).
+    `layers()` yields a fresh VPTQ per weight each time it is called, so only one Hessian is held at once."""
+    v = cfg.v
+
+    def vectors(vp: VPTQ, Wp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        X, w = vp._vectors(Wp, v), vp._weights(torch.arange(Wp.shape[1]), v)
+        return X, (w if w.dim() == 2 else w[:, None].expand_as(X))
+
+    X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in _prepared(layers())))
+    X, w = torch.cat(X), torch.cat(w)
+    if len(X) > max_points:
+        pick = torch.randperm(len(X), generator=torch.Generator().manual_seed(cfg.seed))[:max_points]
+        X, w = X[pick], w[pick]
+    C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed)[0])[None]
+    del X, w
+    for _ in range(cfg.refit_rounds):
+        S, N = torch.zeros(cfg.k, v, dtype=torch.float64), torch.zeros(cfg.k, v, dtype=torch.float64)
+        for vp in _prepared(layers()):
+            codes, _, _, _, target = vp._assign(C, None, None, 0)
+            X, w = vectors(vp, target)
+            idx = codes.T.reshape(-1)                     # the order of _vectors: column j, vector row p at j·P + p
+            S.index_add_(0, idx, (X * w).double())
+            N.index_add_(0, idx, w.double())
+        C = f16(torch.where(N > 0, S / N.clamp_min(1e-300), C[0].double()).float())[None]
+    return C
+
+
+def _prepared(layers):
+    for vp in layers:
+        vp._prepare()
+        yield vp

@@ -1,7 +1,7 @@
 """One VQ-quantized weight: indices, codebooks and side data, and its GGUF tensors (docs/format.md §4)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,7 @@ class VQTensor:
     outlier_cols: np.ndarray | None = None        # int32 [n_o]
     outlier_idx: np.ndarray | None = None         # int16 [n_o, out/v0]
     outlier_codebook: np.ndarray | None = None    # float16 [K0, v0]
+    shared: dict[str, str] = field(default_factory=dict)  # side -> name of the shared tensor that holds it (format.md 4.1)
 
     @property
     def v(self) -> int:
@@ -48,7 +49,8 @@ class VQTensor:
         return bits4 // self.v
 
     def gguf_tensors(self, weight_name: str) -> list[tuple[str, np.ndarray, object]]:
-        """(name, array, raw ggml type or None) for the index tensor and every side tensor present."""
+        """(name, array, raw ggml type or None) for the index tensor and every side tensor present; a shared
+        side under its shared name (the writer stores it once)."""
         out_features, in_features = self.shape
         b = self.b1 + self.b2
         merged = self.codes.astype(np.uint64)
@@ -68,18 +70,33 @@ class VQTensor:
         }
         for side in ggml_vq.SIDES:
             if sides[side] is not None:
-                tensors.append((ggml_vq.side_name(weight_name, side), np.ascontiguousarray(sides[side]), None))
+                tensors.append((self.shared.get(side) or ggml_vq.side_name(weight_name, side), np.ascontiguousarray(sides[side]), None))
         return tensors
 
+    def links(self, weight_name: str) -> dict[str, str]:
+        """The GGUF keys that point this weight's shared sides at their tensors."""
+        return {ggml_vq.LINK_PREFIX + ggml_vq.side_name(weight_name, side): name for side, name in self.shared.items()}
+
     @classmethod
-    def from_gguf(cls, weight_name: str, tensors: dict) -> "VQTensor":
-        """Rebuild from a GGUFReader's tensors (name -> ReaderTensor); raises ValueError on a malformed set."""
+    def from_gguf(cls, weight_name: str, tensors: dict, links: dict[str, str] | None = None) -> "VQTensor":
+        """Rebuild from a GGUFReader's tensors (name -> ReaderTensor) and links (ggml_vq.links); raises
+        ValueError on a malformed set."""
         w = tensors[weight_name]
         n = ggml_vq.rate_quarters(w.tensor_type)
         in_features, out_features = (int(x) for x in w.shape[:2])
+        shared = {s: links[ggml_vq.side_name(weight_name, s)] for s in ggml_vq.SIDES
+                  if ggml_vq.side_name(weight_name, s) in (links or {})}
+        for s, target in shared.items():
+            if not (target.startswith(ggml_vq.SHARED_PREFIX) and target.endswith("." + s)):
+                raise ValueError(f"{weight_name}: its {s} is linked to {target!r}, not a shared {s} tensor")
+            if ggml_vq.side_name(weight_name, s) in tensors:
+                raise ValueError(f"{weight_name}: has both its own {s} and a link to {target}")
 
         def side(name):
-            t = tensors.get(ggml_vq.side_name(weight_name, name))
+            tname = shared.get(name) or ggml_vq.side_name(weight_name, name)
+            if name in shared and tname not in tensors:
+                raise ValueError(f"{weight_name}: its {name} is linked to {tname}, which the file lacks")
+            t = tensors.get(tname)
             return None if t is None else np.asarray(t.data)
 
         codebook = side("vq_codebook")
@@ -110,7 +127,16 @@ class VQTensor:
             outlier_cols=side("vq_outlier_cols"),
             outlier_idx=None if outlier_idx is None else outlier_idx.reshape(-1, out_features // side("vq_outlier_codebook").shape[-1]),
             outlier_codebook=side("vq_outlier_codebook"),
+            shared=shared,
         )
+
+
+def read_vq(reader, select=lambda name: True) -> dict[str, VQTensor]:
+    """The VQ weights of a GGUFReader (those whose name `select` accepts), shared sides resolved."""
+    by_name = {t.name: t for t in reader.tensors}
+    links = ggml_vq.links(reader.fields)
+    return {t.name: VQTensor.from_gguf(t.name, by_name, links) for t in reader.tensors
+            if ggml_vq.is_vq(t.tensor_type) and select(t.name)}
 
 
 def _log2(k: int) -> int:

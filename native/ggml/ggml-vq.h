@@ -8,8 +8,10 @@
 extern "C" {
 #endif
 
-#define GGML_VQ_FORMAT_VERSION 1
+#define GGML_VQ_FORMAT_VERSION 2                   // reads 1 too: version 2 only adds shared side tensors
 #define GGML_VQ_FORMAT_KEY     "vq.format_version"
+#define GGML_VQ_LINK_PREFIX    "vq.link."           // vq.link.<side tensor name> = "vq_shared.<label>.<suffix>"
+#define GGML_VQ_SHARED_PREFIX  "vq_shared."
 #define GGML_VQ_BLCK_SIZE      32
 
 // type id = GGML_VQ_TYPE_BASE + n, with n/4 index bits per weight, n in [GGML_VQ_N_MIN, GGML_VQ_N_MAX]

@@ -8,22 +8,51 @@
 
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 static const std::string VQ_WEIGHT_SUFFIX = ".weight";
-static const std::string VQ_SIDE_MARK     = ".vq_";  // every side tensor is <base>.vq_*
+static const std::string VQ_SIDE_MARK     = ".vq_";  // every side tensor is <base>.vq_* or vq_shared.<label>.vq_*
+
+static bool starts_with(const std::string & s, const std::string & prefix) {
+    return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+static bool ends_with(const std::string & s, const std::string & suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// the shared tensor that vq.link.<sname> names (docs/format.md 4.1), or "" without a link
+static std::string vq_link(const gguf_context * meta, const std::string & sname, const std::string & suffix) {
+    const int64_t kid = gguf_find_key(meta, (GGML_VQ_LINK_PREFIX + sname).c_str());
+    if (kid < 0) {
+        return "";
+    }
+    if (gguf_get_kv_type(meta, kid) != GGUF_TYPE_STRING) {
+        throw std::runtime_error(format("key '%s%s' is not a string", GGML_VQ_LINK_PREFIX, sname.c_str()));
+    }
+    const std::string target = gguf_get_val_str(meta, kid);
+    if (!starts_with(target, GGML_VQ_SHARED_PREFIX) || !ends_with(target, "." + suffix)) {
+        throw std::runtime_error(format("key '%s%s' names '%s', which is not a shared '%s' tensor (%s<label>.%s)",
+                GGML_VQ_LINK_PREFIX, sname.c_str(), target.c_str(), suffix.c_str(), GGML_VQ_SHARED_PREFIX, suffix.c_str()));
+    }
+    return target;
+}
 
 void llama_vq_sides::load(llama_model_loader & ml) {
     std::unordered_set<std::string> side_names;
+    std::unordered_set<std::string> links_used;
+    std::unordered_map<std::string, ggml_tensor *> shared;  // a shared side tensor is created once
     for (const auto & [name, tw] : ml.weights_map) {
         if (!ggml_is_vq(tw.tensor->type)) {
             continue;
         }
         if (sides.empty()) {
             const int64_t kid = gguf_find_key(ml.metadata, GGML_VQ_FORMAT_KEY);
-            if (kid < 0 || gguf_get_kv_type(ml.metadata, kid) != GGUF_TYPE_UINT32 || gguf_get_val_u32(ml.metadata, kid) != GGML_VQ_FORMAT_VERSION) {
-                throw std::runtime_error(format("the file has VQ tensors but no '%s' = %d: unsupported VQ format version",
+            if (kid < 0 || gguf_get_kv_type(ml.metadata, kid) != GGUF_TYPE_UINT32 || gguf_get_val_u32(ml.metadata, kid) < 1 ||
+                    gguf_get_val_u32(ml.metadata, kid) > GGML_VQ_FORMAT_VERSION) {
+                throw std::runtime_error(format("the file has VQ tensors but no '%s' of 1 to %d: unsupported VQ format version",
                         GGML_VQ_FORMAT_KEY, GGML_VQ_FORMAT_VERSION));
             }
         }
@@ -46,14 +75,33 @@ void llama_vq_sides::load(llama_model_loader & ml) {
         const std::string base = name.substr(0, name.size() - VQ_WEIGHT_SUFFIX.size());
         std::array<ggml_tensor *, GGML_VQ_N_SIDES> s{};
         for (int i = 0; i < GGML_VQ_N_SIDES; ++i) {
-            const std::string sname = base + "." + ggml_vq_side_suffix((ggml_vq_side) i);
+            const std::string suffix = ggml_vq_side_suffix((ggml_vq_side) i);
+            const std::string own    = base + "." + suffix;
+            const std::string linked = vq_link(ml.metadata, own, suffix);
+            if (!linked.empty() && ml.get_tensor_meta(own.c_str())) {
+                throw std::runtime_error(format("VQ tensor '%s' has both its own '%s' and a link to '%s'", name.c_str(), own.c_str(), linked.c_str()));
+            }
+            if (!linked.empty()) {
+                links_used.insert(GGML_VQ_LINK_PREFIX + own);
+                if (shared.count(linked)) {
+                    s[i] = shared[linked];
+                    continue;
+                }
+            }
+            const std::string sname = linked.empty() ? own : linked;
             const ggml_tensor * meta = ml.get_tensor_meta(sname.c_str());
             if (!meta) {
+                if (!linked.empty()) {
+                    throw std::runtime_error(format("VQ tensor '%s' links its %s to '%s', which the file lacks", name.c_str(), suffix.c_str(), linked.c_str()));
+                }
                 continue;
             }
             s[i] = ggml_dup_tensor(wctx, meta);
             ggml_set_name(s[i], sname.c_str());
             ml.n_created++;
+            if (!linked.empty()) {
+                shared[linked] = s[i];
+            }
         }
 
         ggml_vq_layout layout;
@@ -68,15 +116,25 @@ void llama_vq_sides::load(llama_model_loader & ml) {
             }
         }
     }
-    // a side tensor that no VQ weight claimed: a weight that is not VQ, a misspelt or unknown side
+    // a link that no VQ weight used: its weight is not VQ or missing, or the suffix is unknown
+    for (int64_t k = 0; k < gguf_get_n_kv(ml.metadata); ++k) {
+        const std::string key = gguf_get_key(ml.metadata, k);
+        if (starts_with(key, GGML_VQ_LINK_PREFIX) && !links_used.count(key)) {
+            throw std::runtime_error(format("key '%s' links a side tensor of no VQ weight", key.c_str()));
+        }
+    }
+    // a side tensor that no VQ weight claimed: a weight that is not VQ, a misspelt or unknown side, an unused shared one
     for (const auto & [name, tw] : ml.weights_map) {
+        if (starts_with(name, GGML_VQ_SHARED_PREFIX) && !side_names.count(name)) {
+            throw std::runtime_error(format("shared VQ side tensor '%s' is linked by no VQ weight", name.c_str()));
+        }
         if (name.find(VQ_SIDE_MARK) != std::string::npos && !side_names.count(name)) {
             throw std::runtime_error(format("tensor '%s' looks like a VQ side tensor, but no VQ weight '%s.weight' with such a side exists",
                     name.c_str(), name.substr(0, name.find(VQ_SIDE_MARK)).c_str()));
         }
     }
     if (!sides.empty()) {
-        LLAMA_LOG_INFO("%s: %zu VQ weights (format %d)\n", __func__, sides.size(), GGML_VQ_FORMAT_VERSION);
+        LLAMA_LOG_INFO("%s: %zu VQ weights, %zu shared side tensors\n", __func__, sides.size(), shared.size());
     }
 }
 

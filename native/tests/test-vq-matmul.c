@@ -372,8 +372,9 @@ static int mode_random(int quick) {
     return n_fail ? 1 : 0;
 }
 
-// the VQ weight named tname in a file's tensors, with its side tensors (<base>.vq_*); false if not VQ
-static bool file_weight(struct ggml_context * wctx, const char * tname, struct vq_weight * W) {
+// the VQ weight named tname in a file's tensors, with its side tensors (<base>.vq_*, or the shared tensor
+// that vq.link.<base>.vq_* names); false if not VQ
+static bool file_weight(const struct gguf_context * gctx, struct ggml_context * wctx, const char * tname, struct vq_weight * W) {
     memset(W, 0, sizeof(*W));
     W->w = ggml_get_tensor(wctx, tname);
     if (!W->w || !ggml_is_vq(W->w->type)) {
@@ -386,8 +387,9 @@ static bool file_weight(struct ggml_context * wctx, const char * tname, struct v
         *dot = 0;
     }
     for (int s = 0; s < GGML_VQ_N_SIDES; ++s) {
-        snprintf(sname, sizeof(sname), "%s.%s", base, ggml_vq_side_suffix((enum ggml_vq_side) s));
-        W->sides[s] = ggml_get_tensor(wctx, sname);
+        snprintf(sname, sizeof(sname), "%s%s.%s", GGML_VQ_LINK_PREFIX, base, ggml_vq_side_suffix((enum ggml_vq_side) s));
+        const int64_t link = gguf_find_key(gctx, sname);
+        W->sides[s] = ggml_get_tensor(wctx, link >= 0 ? gguf_get_val_str(gctx, link) : sname + strlen(GGML_VQ_LINK_PREFIX));
     }
     return true;
 }
@@ -418,7 +420,7 @@ static int mode_file(const char * path, int max_tensors) {
     for (int64_t i = 0; i < n_t && done < max_tensors; ++i) {
         const char * tname = gguf_get_tensor_name(gctx, i);
         struct vq_weight W;
-        if (!file_weight(wctx, tname, &W)) {
+        if (!file_weight(gctx, wctx, tname, &W)) {
             continue;
         }
         const struct ggml_tensor * w = W.w;
@@ -500,7 +502,7 @@ static int rewrite_file(const char * src, const char * dst, const struct rewrite
     size_t bytes = 0;
     for (int64_t i = 0; i < n_t; ++i) {
         struct vq_weight W;
-        if (file_weight(wctx, gguf_get_tensor_name(in, i), &W) && W.sides[GGML_VQ_CODEBOOK]) {
+        if (file_weight(in, wctx, gguf_get_tensor_name(in, i), &W) && W.sides[GGML_VQ_CODEBOOK]) {
             bytes += r->bytes(&W, arg) + 2 * ggml_tensor_overhead() + 256;
         }
     }
@@ -510,6 +512,13 @@ static int rewrite_file(const char * src, const char * dst, const struct rewrite
     gguf_set_kv(out, in);
     if (r->decoded) {
         gguf_remove_key(out, GGML_VQ_FORMAT_KEY);
+        for (int64_t k = gguf_get_n_kv(out) - 1; k >= 0; --k) {
+            char key[512];
+            snprintf(key, sizeof(key), "%s", gguf_get_key(out, k));
+            if (strncmp(key, GGML_VQ_LINK_PREFIX, strlen(GGML_VQ_LINK_PREFIX)) == 0) {
+                gguf_remove_key(out, key);
+            }
+        }
         gguf_set_val_u32(out, "general.file_type", 1); // LLAMA_FTYPE_MOSTLY_F16
     }
     int n_vq = 0;
@@ -517,7 +526,7 @@ static int rewrite_file(const char * src, const char * dst, const struct rewrite
     for (int64_t i = 0; i < n_t && ok; ++i) {
         const char * tname = gguf_get_tensor_name(in, i);
         struct vq_weight W;
-        if (!file_weight(wctx, tname, &W)) {
+        if (!file_weight(in, wctx, tname, &W)) {
             if (!(r->decoded && is_side_tensor(tname))) {
                 gguf_add_tensor(out, ggml_get_tensor(wctx, tname));
             }
