@@ -41,6 +41,12 @@ def reference(ffn_down_file) -> str:
     return answer
 
 
+def decodable(text: str) -> str:
+    """The text without the bytes of a token that ends inside a UTF-8 character: `vq-gguf chat` shows them as
+    U+FFFD, llama-cpp-python drops them, the C example writes them raw; the tokens are the same."""
+    return text.replace("\ufffd", "")
+
+
 # --- llama-server ----------------------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -94,7 +100,7 @@ def test_server_chat_completion(url, reference):
         answer = json.load(r)
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["role"] == "assistant"
-    assert answer["choices"][0]["message"]["content"] == reference
+    assert decodable(answer["choices"][0]["message"]["content"]) == decodable(reference)
     assert answer["usage"]["completion_tokens"] <= N_TOKENS
 
 
@@ -112,7 +118,7 @@ def test_server_streaming_completion(url, reference):
             for choice in json.loads(line[len("data: "):])["choices"]:
                 pieces.append(choice["delta"].get("content") or "")
     assert done and len([p for p in pieces if p]) > 1  # really streamed, piece by piece
-    assert "".join(pieces) == reference
+    assert decodable("".join(pieces)) == decodable(reference)
 
 
 def test_serve_stops_on_ctrl_c(served, ffn_down_file):
@@ -139,7 +145,7 @@ def test_llama_cpp_python_in_a_fresh_venv(ffn_down_file, reference, tmp_path):
         assert not [n for n in z.namelist() if ".so" in n]  # so the VQ file can only load through our libllama
     answer = check(wheel, ffn_down_file, MESSAGES, max_tokens=N_TOKENS, venv=tmp_path / "venv", threads=THREADS,
                    lib_path=bin_dir())
-    assert answer["content"] == reference
+    assert decodable(answer["content"]) == decodable(reference)
 
 
 # --- the bundle ------------------------------------------------------------------------------------------
@@ -187,9 +193,9 @@ def test_bundle_c_example(app, ffn_down_file, reference):
             if "libllama" in line or "libggml" in line]
     assert len(ours) >= 3 and all(p.parent == (app / "lib").resolve() for p in ours), loaded
     proc = subprocess.run(["./generate", ffn_down_file.name, PROMPT, str(N_TOKENS), SYSTEM], cwd=app,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.removesuffix("\n") == reference
+    assert decodable(proc.stdout.decode("utf-8", errors="replace").removesuffix("\n")) == decodable(reference)
 
 
 def test_c_example_reports_a_bad_model(app, tmp_path):

@@ -20,6 +20,7 @@ Q = "blk.0.attn_q.weight"       # v4, K1 16 + K2 16, 2 groups, every side tensor
 K = "blk.0.attn_k.weight"       # v2, K1 8, 3-bit codes
 D = "blk.0.ffn_down.weight"     # v4, K1 256, 3 groups of 32 columns, every side tensor
 G = "blk.0.ffn_gate.weight"     # v6, K1 64, no side tensor but the codebook
+O = "blk.0.attn_output.weight"  # v4, K1 64 + K2 8, every side tensor, its outlier codebook shared with ffn_up
 
 
 def side(weight: str, suffix: str) -> str:
@@ -293,15 +294,16 @@ def corpus() -> list[Case]:
              ("blk.0.attn_norm.vq_codebook", "side tensor")),
         Case("unknown side tensor", tiny(Q, edit=lambda ts: ts + [(side(Q, "vq_scales"), np.zeros(4, np.float32), None)]),
              (side(Q, "vq_scales"), "side tensor")),
-        # shared side tensors (format.md 4.1); the valid file shares one outlier codebook among Q, attn_output and D
+        # shared side tensors (format.md 4.1); the valid file shares one outlier codebook between attn_output and ffn_up
         Case("main codebook under a shared name", tiny(K, shared={"vq_codebook": "vq_shared.k.vq_codebook"}), None),
-        Case("shared outlier codebook linked by a fourth weight", tiny(G, outlier_cols=np.array([1], np.int32),
-             outlier_idx=np.zeros((1, 96 // 2), np.int16), outlier_codebook=lambda t: tiny_model.vq_tensors()[Q].outlier_codebook,
+        Case("shared outlier codebook linked by a third weight", tiny(G, outlier_cols=np.array([1], np.int32),
+             outlier_idx=np.zeros((1, 96 // 2), np.int16), outlier_codebook=lambda t: tiny_model.vq_tensors()[O].outlier_codebook,
              shared={"vq_outlier_codebook": tiny_model.SHARED_OUTLIERS}), None),
-        Case("link to a missing shared tensor", tiny(Q, links={link(Q, "vq_outlier_codebook"): "vq_shared.none.vq_outlier_codebook"}),
-             (Q, "vq_shared.none.vq_outlier_codebook", "lacks")),
-        Case("own side tensor and a link", tiny(Q, edit=lambda ts: ts + [(side(Q, "vq_outlier_codebook"), ts[-1][1], None)]),
-             (side(Q, "vq_outlier_codebook"), "both")),
+        Case("link to a missing shared tensor", tiny(O, links={link(O, "vq_outlier_codebook"): "vq_shared.none.vq_outlier_codebook"}),
+             (O, "vq_shared.none.vq_outlier_codebook", "lacks")),
+        Case("own side tensor and a link", tiny(O, edit=lambda ts: ts + [(side(O, "vq_outlier_codebook"), ts[-1][1], None)]),
+             (side(O, "vq_outlier_codebook"), "both")),
+        Case("NaN in a shared outlier codebook", raw(set_data(tiny_model.SHARED_OUTLIERS, NAN16, 3)), (tiny_model.SHARED_OUTLIERS,)),
         Case("shared tensor that no weight links", tiny(K, edit=lambda ts: ts + [("vq_shared.x.vq_codebook", np.zeros((1, 8, 2), np.float16), None)]),
              ("vq_shared.x.vq_codebook", "no VQ weight")),
         Case("link to a tensor of another side", tiny(K, links={link(K, "vq_perm"): tiny_model.SHARED_OUTLIERS}),

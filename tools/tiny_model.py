@@ -101,17 +101,18 @@ def vq_tensor(name: str, rng: np.random.Generator) -> VQTensor:
     return t
 
 
-# the weights with every side tensor share one outlier codebook (docs/format.md 4.1)
+# attn_output's outlier codebook is shared with ffn_up, which has outlier columns of its own (docs/format.md 4.1)
 SHARED_OUTLIERS = "vq_shared.blk.0.vq_outlier_codebook"
 
 
 def vq_tensors() -> dict[str, VQTensor]:
     rng = np.random.default_rng(1)
     vq = {name: vq_tensor(name, rng) for name in LAYOUT}
-    with_sides = [t for name, t in vq.items() if LAYOUT[name][4]]
-    for t in with_sides:
-        t.outlier_codebook = with_sides[0].outlier_codebook
-        t.shared = {"vq_outlier_codebook": SHARED_OUTLIERS}
+    o, u = vq["blk.0.attn_output.weight"], vq["blk.0.ffn_up.weight"]
+    u.outlier_cols = np.array([5, 17], np.int32)
+    u.outlier_idx = rng.integers(0, len(o.outlier_codebook), (2, u.shape[0] // o.outlier_codebook.shape[1])).astype(np.int16)
+    u.outlier_codebook = o.outlier_codebook
+    o.shared = u.shared = {"vq_outlier_codebook": SHARED_OUTLIERS}
     return vq
 
 
