@@ -74,8 +74,9 @@ class VQTensor:
         return tensors
 
     def links(self, weight_name: str) -> dict[str, str]:
-        """The GGUF keys that point this weight's shared sides at their tensors."""
-        return {ggml_vq.LINK_PREFIX + ggml_vq.side_name(weight_name, side): name for side, name in self.shared.items()}
+        """The GGUF keys that point this weight's shared sides at their tensors (only sides it has: no dangling link)."""
+        return {ggml_vq.LINK_PREFIX + ggml_vq.side_name(weight_name, side): name for side, name in self.shared.items()
+                if getattr(self, side.removeprefix("vq_")) is not None}
 
     @classmethod
     def from_gguf(cls, weight_name: str, tensors: dict, links: dict[str, str] | None = None) -> "VQTensor":
