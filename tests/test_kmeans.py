@@ -22,6 +22,7 @@ def test_weighted_cost_decreases_with_iterations():
     costs = [cost(X, kmeans(X, 16, w, iters=i, seed=3)[0], w) for i in (0, 1, 3, 10)]
     assert all(b <= a * (1 + 1e-6) for a, b in zip(costs, costs[1:])), costs
     assert costs[-1] < costs[0]
+    assert costs[3] < 0.99 * costs[1]                   # Lloyd goes on after its first pass
 
 
 def test_weights_pull_centroids():
@@ -37,3 +38,14 @@ def test_assignment_is_nearest():
     C, a = kmeans(X, 64, seed=0)
     d = torch.cdist(X, C)
     assert torch.all(d.gather(1, a[:, None])[:, 0] <= d.min(1).values + 1e-4)
+
+
+def test_lloyd_on_a_sample_assigns_every_row():
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(6000, 4, generator=g)
+    w = torch.rand(6000, generator=g)
+    C, a = kmeans(X, 16, w, seed=0, max_points=1000)
+    d = ((X[:, None] - C[None]) ** 2).sum(-1)
+    assert torch.equal(a, d.argmin(1))                  # all 6000 rows, not only the sample
+    full = cost(X, kmeans(X, 16, w, seed=0)[0], w)
+    assert cost(X, C, w) < 1.05 * full

@@ -60,6 +60,8 @@ def cmd_quantize(args) -> Path:
         preset = dataclasses.replace(preset, name=f"{preset.name}-tc{tag}", overrides=overrides + preset.overrides)
     if args.share:
         preset = dataclasses.replace(preset, name=preset.name + "-shared-" + "-".join(args.share), share=tuple(args.share))
+    if args.channel_weights:
+        preset = dataclasses.replace(preset, name=f"{preset.name}-cw-{args.channel_weights}", channel_weights=args.channel_weights)
     if args.independent:
         preset = dataclasses.replace(preset, name=preset.name + "-independent", sequential=False)
     if args.calib_windows:
@@ -261,6 +263,9 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--share", nargs="+", default=None, metavar="KIND", choices=LINEARS,
                    help="one main codebook for all tensors of each KIND (and equal settings), stored once "
                         "(docs/format.md 4.1): a larger codebook at the same bits")
+    p.add_argument("--channel-weights", choices=("none", "fisher"), default=None,
+                   help="weight of each output channel's error: fisher = mean squared gradient of the float model's "
+                        "next-token loss (vq_export/fisher.py), none = all equal, the paper's loss (default: the preset's)")
     p.add_argument("--independent", action="store_true",
                    help="Hessians of every block from the float model (the reference VPTQ), not from the quantized earlier blocks")
     p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="q8_0",

@@ -43,23 +43,31 @@ def kmeans_pp(X: torch.Tensor, w: torch.Tensor, k: int, gen: torch.Generator) ->
 
 
 def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iters: int = 25,
-           seed: int = 0, tol: float = 1e-6, max_seed_points: int = 1 << 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted Lloyd iterations; returns (centroids [k, v], assignment [n]).
+           seed: int = 0, tol: float = 1e-6, max_seed_points: int = 1 << 16,
+           max_points: int = 1 << 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted Lloyd iterations; returns (centroids [k, v], assignment [n] of every row).
 
-    Minimises Σ_i w_i ‖x_i − c_{a(i)}‖², or with lane weights [n, v] Σ_i Σ_e w_ie (x_ie − c_{a(i)e})². Seeding runs on at most max_seed_points rows (chosen by weight) to stay
-    fast on large tensors. Empty clusters are re-seeded with the points that currently cost the most.
+    Minimises Σ_i w_i ‖x_i − c_{a(i)}‖², or with lane weights [n, v] Σ_i Σ_e w_ie (x_ie − c_{a(i)e})². Seeding
+    runs on at most max_seed_points rows (chosen by weight), the Lloyd passes on at most max_points rows drawn
+    uniformly (each pass is memory-bound on its n × k distances: 2¹⁶ rows are 256 per centroid at k = 256, and a
+    third of a 576 × 1536 weight's vectors at v = 4). Empty clusters are re-seeded with the points that
+    currently cost the most.
     """
     X = X.to(torch.float32)
     n = X.shape[0]
     w = torch.ones(n) if weights is None else weights.to(torch.float32).clamp_min(0)
     if w.sum() <= 0:
         w = torch.ones_like(w)
-    lane_w = w if w.dim() == 2 else None                # per-lane weights need the weighted distance
-    W = w if lane_w is not None else w[:, None].expand_as(X)
     gen = torch.Generator().manual_seed(seed)
     if n <= k:
         C = torch.cat([X, X[torch.randint(n, (k - n,), generator=gen)]]) if n < k else X.clone()
-        return C, nearest(X, C, lane_w)[0]
+        return C, nearest(X, C, w if w.dim() == 2 else None)[0]
+    Xall, lane_all = X, (w if w.dim() == 2 else None)
+    if n > max_points:
+        pick = torch.randperm(n, generator=gen)[:max_points]
+        X, w, n = X[pick], w[pick], max_points
+    lane_w = w if w.dim() == 2 else None                # per-lane weights need the weighted distance
+    W = w if lane_w is not None else w[:, None].expand_as(X)
     sub = torch.multinomial(W.sum(1), max_seed_points, replacement=False, generator=gen) if n > max_seed_points else torch.arange(n)
     C = kmeans_pp(X[sub], W[sub], k, gen)
 
@@ -75,7 +83,7 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
             worst = torch.topk(cost_i, len(empty)).indices
             C_new[empty] = X[worst]
         C = C_new
-        if prev - cost <= tol * max(prev, 1e-30):
+        if cost >= prev * (1 - tol):                    # converged (the first pass always goes on)
             break
         prev = cost
-    return C, nearest(X, C, lane_w)[0]
+    return C, nearest(Xall, C, lane_all)[0]

@@ -59,6 +59,8 @@ class Preset:
     finetune_steps: int = 0                         # end-to-end KL fine-tuning of codebooks and norms (0: none)
     finetune_lr: float = 1e-4
     share: tuple[str, ...] = ()                     # kinds whose tensors of equal config share one main codebook
+    channel_weights: str = "none"                   # "fisher": output channels weighted by the end loss (fisher.py)
+    fisher_windows: int = 32                        # calibration windows the channel weights are taken from
 
     def config_for(self, name: str, n_blocks: int):
         """The config of block linear `name` (blk.N.KIND.weight) in a model of n_blocks blocks. Override keys:
@@ -238,7 +240,8 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     model = Llama(run.source)
     x = model.embed(tokens)                       # [N, L, d]: calibration windows, then held-out windows
     n_fit = preset.n_calib
-    shared = _shared_codebooks(run, model, x[:n_fit])
+    g = _channel_weights(run, model, tokens[: min(preset.fisher_windows, n_fit)])
+    shared = _shared_codebooks(run, model, x[:n_fit], g)
     float_x = x if not preset.sequential else None
     done, report = {}, {}
     bar = tqdm(total=len(run.names), desc=f"quantize {preset.name}", unit="tensor", dynamic_ncols=True)
@@ -258,7 +261,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             else:
                 cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
                 book_name, book = shared.get(name, (None, None))
-                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, codebook=book).quantize()
+                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, codebook=book, channel_weight=g.get(name)).quantize()
                 if book_name:
                     t.shared = {"vq_codebook": book_name}
                 W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
@@ -282,7 +285,25 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     return done, report
 
 
-def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor) -> dict[str, tuple[str, torch.Tensor]]:
+def _channel_weights(run: Run, model: Llama, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The preset's output-channel weights of every tensor to quantize ({} for "none"), kept in the parts folder."""
+    kind = run.preset.channel_weights
+    if kind == "none":
+        return {}
+    if kind != "fisher":
+        raise ValueError(f"unknown channel weights {kind!r} (none, fisher)")
+    path = run.parts / "fisher.npz"
+    if not path.exists():
+        from .fisher import channel_fisher
+        g = channel_fisher(model, tokens, run.names)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, **{n: v.numpy() for n, v in g.items()})
+        tmp.replace(path)
+    with np.load(path) as z:
+        return {n: torch.from_numpy(z[n]) for n in run.names}
+
+
+def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torch.Tensor]) -> dict[str, tuple[str, torch.Tensor]]:
     """For the tensors of the preset's shared kinds: {name: (shared tensor name, codebook)}, one codebook per
     kind and config, fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
     groups: dict[tuple[str, VPTQConfig], list[str]] = {}
@@ -306,7 +327,8 @@ def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor) -> dict[str, tupl
         label, path = f"{kind}.{i}", run.parts / f"shared.{kind}.{i}.npy"
         if not path.exists():
             print(f"[quantize] one codebook v={cfg.v} k={cfg.k} for {len(names)} {kind} tensors", flush=True)
-            layers = lambda: (VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg) for n in names)  # noqa: E731
+            layers = lambda: (VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg, channel_weight=g.get(n))  # noqa: E731
+                              for n in names)
             _save_array(path, shared_codebook(layers, cfg).numpy())
         C = torch.from_numpy(np.load(path))
         books.update({n: (ggml_vq.shared_name(label, "vq_codebook"), C) for n in names})

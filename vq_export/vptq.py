@@ -28,7 +28,7 @@ class VPTQConfig:
     act_order: bool = True       # columns in descending diag(H) order
     damp: float = 0.01           # added to diag(H), relative to its mean
     block: int = 128             # columns per lazy-update block
-    kmeans_iters: int = 30
+    kmeans_iters: int = 12        # Lloyd passes over ≤ 2¹⁶ vectors (docs/quantizer.md: close to 30 over all of them)
     refit_rounds: int = 2        # codebook refit + re-assignment rounds (0: the paper's fixed k-means codebook)
     groups: int = 1              # column groups, each with its own codebooks (stored columns j·G/in)
     col_norm: bool = False       # per-column scale and bias: codebooks see (w − t_j)/s_j (the paper's normalization)
@@ -67,13 +67,17 @@ class VPTQ:
     """
 
     def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VPTQConfig,
-                 codebook: torch.Tensor | None = None):
+                 codebook: torch.Tensor | None = None, channel_weight: torch.Tensor | None = None):
         """`codebook` [1, k, v]: a fixed main codebook (one several weights share, see shared_codebook): no
-        k-means and no refit of it here."""
+        k-means and no refit of it here. `channel_weight` [out]: g_o, the weight of output channel o's error in
+        the loss Σ_o g_o ‖ΔW_o X‖² (fisher.py; None: all 1, the paper's loss)."""
         self.W0 = torch.as_tensor(W, dtype=torch.float32).clone()
         self.H0 = torch.as_tensor(H, dtype=torch.float64).clone()
         self.cfg = cfg
         self.codebook = codebook
+        self.g = None if channel_weight is None else torch.as_tensor(channel_weight, dtype=torch.float32)
+        if self.g is not None and (self.g.shape != (self.W0.shape[0],) or not torch.isfinite(self.g).all() or (self.g < 0).any()):
+            raise ValueError(f"channel weights must be {self.W0.shape[0]} finite values ≥ 0")
         if codebook is not None and (cfg.k_res or cfg.outlier_frac or cfg.groups != 1 or codebook.shape != (1, cfg.k, cfg.v)):
             raise ValueError(f"a shared codebook {tuple(codebook.shape)} needs one group of [{cfg.k}, {cfg.v}] "
                              "without residual or outlier codebooks")
@@ -99,6 +103,8 @@ class VPTQ:
             self.u[self.u == 0] = 1
             W = W / self.u[:, None]
             self.lanes = self.u ** 2                                 # [out]: the weight of each row's error
+        if self.g is not None:
+            self.lanes = self.g if self.lanes is None else self.lanes * self.g
         if cfg.col_norm:
             self.t = W.mean(0)
             self.s = W.std(0, unbiased=False)
@@ -124,13 +130,13 @@ class VPTQ:
 
     def _weights(self, cols: torch.Tensor, v: int) -> torch.Tensor:
         """k-means weights of the vectors of permuted columns `cols` (as _vectors orders them): the column's
-        Hessian diagonal, times the lanes' row weights with row_scale ([n, v] then)."""
+        Hessian diagonal, times the lanes' row weights with row_scale or channel weights ([n, v] then)."""
         P = self.W.shape[0] // v
         w = self.diag[self.perm][cols].to(torch.float32).repeat_interleave(P)
         return w if self.lanes is None else w[:, None] * self._lane_w(v).repeat(len(cols), 1)
 
     def _lane_w(self, v: int) -> torch.Tensor | None:
-        """[out/v, v] row weights of one column's vectors (None without row_scale)."""
+        """[out/v, v] row weights of one column's vectors (None without row_scale and channel weights)."""
         return None if self.lanes is None else self.lanes.view(-1, v).to(torch.float32)
 
     def _grouped_kmeans(self, Wp: torch.Tensor, k: int, seed: int) -> torch.Tensor:
@@ -314,7 +320,7 @@ def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch
     if len(X) > max_points:
         pick = torch.randperm(len(X), generator=torch.Generator().manual_seed(cfg.seed))[:max_points]
         X, w = X[pick], w[pick]
-    C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed)[0])[None]
+    C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points)[0])[None]
     del X, w
     for _ in range(cfg.refit_rounds):
         S, N = torch.zeros(cfg.k, v, dtype=torch.float64), torch.zeros(cfg.k, v, dtype=torch.float64)
