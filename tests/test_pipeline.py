@@ -125,7 +125,8 @@ def test_vq_weight_module_decodes_like_the_reference(feature_files):
 
 def _tiny_vq(tiny_src):
     from vq_export.quantize import quantize_linear
-    return {n: quantize_linear(tiny_src.tensors[n], quantize.VQConfig(v=4, k=8, iters=4)) for n in tiny_src.linear_names()}
+    # one Lloyd pass: codebooks rough enough that fine-tuning has something to recover on the held-out windows
+    return {n: quantize_linear(tiny_src.tensors[n], quantize.VQConfig(v=4, k=8, iters=1)) for n in tiny_src.linear_names()}
 
 
 def _tokens(n, length=32):
