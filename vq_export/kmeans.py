@@ -59,14 +59,14 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
     if w.sum() <= 0:
         w = torch.ones_like(w)
     gen = torch.Generator().manual_seed(seed)
+    Xall, lane_all = X, (w if w.dim() == 2 else None)   # per-lane weights need the weighted distance
     if n <= k:
         C = torch.cat([X, X[torch.randint(n, (k - n,), generator=gen)]]) if n < k else X.clone()
-        return C, nearest(X, C, w if w.dim() == 2 else None)[0]
-    Xall, lane_all = X, (w if w.dim() == 2 else None)
+        return C, nearest(X, C, lane_all)[0]
     if n > max_points:
         pick = torch.randperm(n, generator=gen)[:max_points]
         X, w, n = X[pick], w[pick], max_points
-    lane_w = w if w.dim() == 2 else None                # per-lane weights need the weighted distance
+    lane_w = w if lane_all is not None else None
     W = w if lane_w is not None else w[:, None].expand_as(X)
     sub = torch.multinomial(W.sum(1), max_seed_points, replacement=False, generator=gen) if n > max_seed_points else torch.arange(n)
     C = kmeans_pp(X[sub], W[sub], k, gen)
