@@ -1,6 +1,6 @@
 import torch
 
-from vq_export.kmeans import kmeans, nearest
+from vq_export.kmeans import centroid_terms, draw, kmeans, nearest, nearest_in
 
 
 def cost(X, C, w):
@@ -44,8 +44,24 @@ def test_lloyd_on_a_sample_assigns_every_row():
     g = torch.Generator().manual_seed(4)
     X = torch.randn(6000, 4, generator=g)
     w = torch.rand(6000, generator=g)
-    C, a = kmeans(X, 16, w, seed=0, max_points=1000)
+    C, a = kmeans(X, 16, w, seed=0, max_points=2000)    # 125 rows a centroid (the quantizer has 256)
     d = ((X[:, None] - C[None]) ** 2).sum(-1)
     assert torch.equal(a, d.argmin(1))                  # all 6000 rows, not only the sample
     full = cost(X, kmeans(X, 16, w, seed=0)[0], w)
     assert cost(X, C, w) < 1.05 * full
+
+
+def test_draw_follows_the_weights_and_never_picks_a_zero():
+    gen = torch.Generator().manual_seed(5)
+    p = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0])
+    counts = torch.bincount(torch.tensor([draw(p, gen) for _ in range(4000)]), minlength=5)
+    assert counts[0] == counts[2] == counts[4] == 0
+    assert 0.70 < counts[3] / 4000 < 0.80                # 3/4, ± 5 standard deviations
+
+
+def test_nearest_in_matches_nearest_with_and_without_lane_weights():
+    g = torch.Generator().manual_seed(6)
+    X, C = torch.randn(144, 4, generator=g), torch.randn(256, 4, generator=g)
+    lw = torch.rand(144, 4, generator=g) ** 3
+    for w in (None, lw):
+        assert torch.equal(nearest_in(X, centroid_terms(C, w), w), nearest(X, C, w)[0])

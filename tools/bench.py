@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from vq_export.atomic import replacing
 from vq_export.calib import DEFAULT_CALIB
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,9 +135,8 @@ def llama_file(work: Path, qtype: str, threads: int, imatrix_chunks: int, only_f
         target = "Q8_0"
     else:
         target = qtype
-    tmp = out.with_name(out.name + ".tmp")
-    run(cmd + [float_file(work), tmp, target, threads], work / f"quantize-{out.stem}.log")
-    tmp.replace(out)
+    with replacing(out, ".gguf") as tmp:
+        run(cmd + [float_file(work), tmp, target, threads], work / f"quantize-{out.stem}.log")
     return out
 
 

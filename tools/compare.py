@@ -32,6 +32,7 @@ from gguf import GGUFReader
 from native.build import REPO, bin_dir, home, tree_dir
 from native.build import sha256 as content_hash
 from vq_export import bpw, ggml_vq, gguf_writer, source
+from vq_export.atomic import replacing
 from vq_export.calib import DATA_DIR
 from vq_export.source import LINEAR_RE
 
@@ -237,11 +238,10 @@ def calibration_text(s: dict) -> Path:
 
 
 def make_imatrix(s: dict, float_path: Path, out: Path, log: Path) -> dict:
-    tmp = out.with_name(out.stem + ".tmp.gguf")
-    cmd = llamacpp.imatrix_cmd(float_path, calibration_text(s), tmp, ctx=s["ctx"], chunks=s["imatrix_chunks"],
-                               threads=s["threads"])
-    output = llamacpp.run_with_progress(cmd, log, llamacpp.PPL_PROGRESS, s["imatrix_chunks"], "imatrix")
-    tmp.replace(out)
+    with replacing(out, ".gguf") as tmp:
+        cmd = llamacpp.imatrix_cmd(float_path, calibration_text(s), tmp, ctx=s["ctx"], chunks=s["imatrix_chunks"],
+                                   threads=s["threads"])
+        output = llamacpp.run_with_progress(cmd, log, llamacpp.PPL_PROGRESS, s["imatrix_chunks"], "imatrix")
     return {"command": shlex.join(cmd), **llamacpp.figures(llamacpp.parse_imatrix, cmd, output, log)}
 
 
@@ -251,11 +251,10 @@ def make_llama(s: dict, float_path: Path, imatrix: Path, ftype: str, out: Path, 
         names = [t.name for t in GGUFReader(float_path).tensors if LINEAR_RE.match(t.name) and not is_selected(s, t.name)]
         type_file = out.with_name(out.stem + ".types.txt")
         type_file.write_text(llamacpp.pin_types(names, s["common_type"]))
-    tmp = out.with_name(out.stem + ".tmp.gguf")
-    cmd = llamacpp.quantize_cmd(float_path, tmp, ftype.upper(), imatrix=imatrix, common_type=s["common_type"],
-                                threads=s["threads"], type_file=type_file)
-    output = llamacpp.run(cmd, log)
-    tmp.replace(out)
+    with replacing(out, ".gguf") as tmp:
+        cmd = llamacpp.quantize_cmd(float_path, tmp, ftype.upper(), imatrix=imatrix, common_type=s["common_type"],
+                                    threads=s["threads"], type_file=type_file)
+        output = llamacpp.run(cmd, log)
     return {"command": shlex.join(cmd), "fallbacks": llamacpp.quantize_fallbacks(output)}
 
 
@@ -291,11 +290,10 @@ def evaluate(s: dict, path: Path, base: Path, log: Path) -> dict:
 
 
 def reference_logits(s: dict, float_path: Path, out: Path, log: Path) -> dict:
-    tmp = out.with_name(out.name + ".tmp")
-    cmd = llamacpp.perplexity_cmd(float_path, Path(s["eval"]), ctx=s["ctx"], chunks=s["chunks"], threads=s["threads"],
-                                  base=tmp, kld=False)
-    output = llamacpp.run_with_progress(cmd, log, llamacpp.PPL_PROGRESS, s["chunks"], "float logits")
-    tmp.replace(out)
+    with replacing(out) as tmp:
+        cmd = llamacpp.perplexity_cmd(float_path, Path(s["eval"]), ctx=s["ctx"], chunks=s["chunks"], threads=s["threads"],
+                                      base=tmp, kld=False)
+        output = llamacpp.run_with_progress(cmd, log, llamacpp.PPL_PROGRESS, s["chunks"], "float logits")
     return {**llamacpp.figures(llamacpp.parse_ppl, cmd, output, log), "command": shlex.join(cmd)}
 
 

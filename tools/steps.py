@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
+
+from vq_export.atomic import replacing
 
 
 def identity(path: Path) -> dict[str, Any]:
@@ -34,9 +35,8 @@ def digest(value: Any) -> str:
 
 def write_json(path: Path, data: Any) -> None:
     """Write to a temporary file, then rename: a crash never leaves a half-written file under `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
 def _fmt_seconds(s: float) -> str:

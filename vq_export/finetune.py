@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .atomic import replacing
 from .model import Llama
 from .vqtensor import VQTensor
 
@@ -99,11 +100,9 @@ class Teacher:
 
     def save(self, path: Path) -> Path:
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
+        with replacing(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, tokens=self.tokens.numpy().astype(np.int32), hidden=self.hidden.numpy(),
                      n_heldout=np.int64(self.n_heldout))
-        tmp.replace(path)
         return path
 
     @classmethod
@@ -170,10 +169,9 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
             bar.write(f"[finetune] step {step + 1}: train KL {sum(recent) / len(recent):.4f}, held-out KL {kl:.4f} "
                       f"(best {best_kl:.4f})")
             if checkpoint is not None:
-                tmp = checkpoint.with_suffix(".tmp")
-                torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "sched": sched.state_dict(),
-                            "step": step + 1, "best_kl": best_kl, "best": best, "first_kl": first_kl, "inputs": inputs}, tmp)
-                tmp.replace(checkpoint)
+                with replacing(checkpoint) as tmp:
+                    torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "sched": sched.state_dict(),
+                                "step": step + 1, "best_kl": best_kl, "best": best, "first_kl": first_kl, "inputs": inputs}, tmp)
         bar.set_postfix(kl=f"{loss.item():.4f}")
     with torch.no_grad():
         for p, b in zip(params, best):

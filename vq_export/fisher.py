@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .model import Llama, rms_norm
+from .model import Llama
 
 
 def channel_fisher(model: Llama, tokens: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
@@ -40,10 +40,7 @@ def channel_fisher(model: Llama, tokens: torch.Tensor, names: list[str]) -> dict
     try:
         for s in range(len(tokens)):
             t = tokens[s : s + 1]
-            x = model.embed(t).requires_grad_()
-            for blk in model.blocks:
-                x = blk(x)
-            logits = rms_norm(x, model.out_norm, model.hp.eps) @ model.head.T
+            logits = model.final_hidden_of(model.embed(t).requires_grad_()) @ model.head.T
             F.cross_entropy(logits[0, :-1], t[0, 1:], reduction="sum").backward()
             done = s + 1
             eta = (time.time() - start) / done * (len(tokens) - done)

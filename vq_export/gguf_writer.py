@@ -4,7 +4,6 @@ same folder, then renamed: a crash never leaves a half-written model under the f
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import shutil
 import tempfile
@@ -16,6 +15,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf.quants import quantize
 
 from . import ggml_vq
+from .atomic import replacing
 from .source import SourceModel
 from .vqtensor import VQTensor
 
@@ -36,14 +36,6 @@ def plain_tensor(values: np.ndarray, type_name: str) -> tuple[np.ndarray, GGMLQu
     if qtype == GGMLQuantizationType.F16:
         return values.astype(np.float16), None
     return quantize(values.astype(np.float32), qtype), qtype
-
-
-def remove_stale_tmp(path: Path) -> None:
-    """Remove the temporary files of earlier writes of `path` whose process is gone (killed before the rename)."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2: -len(".tmp")]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            tmp.unlink(missing_ok=True)
 
 
 def check_writable(path: Path, need_bytes: int) -> None:
@@ -72,10 +64,20 @@ def write(path: str | os.PathLike, source: SourceModel, *, vq: Mapping[str, VQTe
     if unknown:
         raise KeyError(f"tensors not in the source model: {sorted(unknown)[:5]}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_tmp(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with replacing(path) as tmp:
+        writer = _gguf_writer(tmp, source, vq, override, other_type, extra_kv)
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file(progress=progress)
+        finally:
+            writer.close()
+    return path
 
+
+def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], override: Mapping[str, np.ndarray],
+                 other_type: str, extra_kv: Mapping[str, str]) -> GGUFWriter:
+    """A GGUFWriter for `tmp` holding every key and tensor of the file, ready to write."""
     writer = GGUFWriter(tmp, source.arch)
     file_type = ggml_vq.FTYPE_MOSTLY_VQ if vq else int(PLAIN_TYPES[other_type][1])
     skip = {"general.architecture", "general.file_type", ggml_vq.FORMAT_KEY, *extra_kv}
@@ -105,14 +107,4 @@ def write(path: str | os.PathLike, source: SourceModel, *, vq: Mapping[str, VQTe
         else:
             data, raw = plain_tensor(values, other_type)
             writer.add_tensor(name, data, raw_dtype=raw)
-
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file(progress=progress)
-        writer.close()
-        tmp.replace(path)
-    finally:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-    return path
+    return writer

@@ -96,7 +96,10 @@ class Llama:
 
     def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """The output norm's result: what the head multiplies (logits = final_hidden @ head.T)."""
-        x = self.embed(tokens)
+        return self.final_hidden_of(self.embed(tokens))
+
+    def final_hidden_of(self, x: torch.Tensor) -> torch.Tensor:
+        """final_hidden from the token embeddings x [N, L, d] (which may require grad, to reach every linear)."""
         for blk in self.blocks:
             x = blk(x)
         return rms_norm(x, self.out_norm, self.hp.eps)

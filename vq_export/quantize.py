@@ -29,6 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGUFReader
 from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
+from .atomic import replacing
 from .kmeans import kmeans, nearest
 from .model import LINEARS, Llama
 from .reference import dequantize
@@ -119,10 +120,9 @@ def quantize_linear(W: np.ndarray, cfg: VQConfig, seed: int = 0) -> VQTensor:
 # --- resumable parts -------------------------------------------------------------------------------------
 
 def _save_part(path: Path, t: VQTensor, report: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp.npz")
     arrays = {k: v for k, v in asdict(t).items() if isinstance(v, np.ndarray)}
-    np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), shared=np.array(json.dumps(t.shared)), **arrays)
-    tmp.replace(path)
+    with replacing(path, ".npz") as tmp:
+        np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), shared=np.array(json.dumps(t.shared)), **arrays)
 
 
 def _load_part(path: Path) -> tuple[VQTensor, dict]:
@@ -130,12 +130,6 @@ def _load_part(path: Path) -> tuple[VQTensor, dict]:
         fields = {k: z[k] for k in z.files if k not in ("shape", "report", "shared")}
         return (VQTensor(shape=tuple(int(x) for x in z["shape"]), shared=json.loads(str(z["shared"])), **fields),
                 json.loads(str(z["report"])))
-
-
-def _save_array(path: Path, a: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, a)
-    tmp.replace(path)
 
 
 def _file_key(path: Path) -> str | None:
@@ -296,9 +290,8 @@ def _channel_weights(run: Run, model: Llama, tokens: torch.Tensor) -> dict[str, 
     if not path.exists():
         from .fisher import channel_fisher
         g = channel_fisher(model, tokens, run.names)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **{n: v.numpy() for n, v in g.items()})
-        tmp.replace(path)
+        with replacing(path, ".npz") as tmp:
+            np.savez(tmp, **{n: v.numpy() for n, v in g.items()})
     with np.load(path) as z:
         return {n: torch.from_numpy(z[n]) for n in run.names}
 
@@ -319,7 +312,8 @@ def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torc
             H, _ = hessian.collect(blk, x)
             for short in LINEARS:
                 if f"blk.{i}.{short}.weight" in hessian_of:
-                    _save_array(hessian_of[f"blk.{i}.{short}.weight"], H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
+                    with replacing(hessian_of[f"blk.{i}.{short}.weight"], ".npy") as tmp:
+                        np.save(tmp, H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
             with torch.no_grad():
                 x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
     books = {}
@@ -329,7 +323,8 @@ def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torc
             print(f"[quantize] one codebook v={cfg.v} k={cfg.k} for {len(names)} {kind} tensors", flush=True)
             layers = lambda: (VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg, channel_weight=g.get(n))  # noqa: E731
                               for n in names)
-            _save_array(path, shared_codebook(layers, cfg).numpy())
+            with replacing(path, ".npy") as tmp:
+                np.save(tmp, shared_codebook(layers, cfg).numpy())
         C = torch.from_numpy(np.load(path))
         books.update({n: (ggml_vq.shared_name(label, "vq_codebook"), C) for n in names})
     return books

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from . import ggml_vq
+from .atomic import replacing
 
 # architectures whose block linears all go through llama.cpp's weight-matmul hook (build_lora_mm)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
@@ -143,13 +144,11 @@ def convert_hf(hf_dir: Path, llama_tree: Path, out: Path) -> Path:
     script = llama_tree / "convert_hf_to_gguf.py"
     if not script.exists():
         raise SourceError(f"{script} not found: build the patched llama.cpp first (python -m native.build)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.gguf")
-    cmd = [sys.executable, str(script), str(hf_dir), "--outtype", "f32", "--outfile", str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SourceError(f"converting {hf_dir} failed:\n{proc.stderr[-4000:]}")
-    tmp.replace(out)
+    with replacing(out, ".gguf") as tmp:
+        cmd = [sys.executable, str(script), str(hf_dir), "--outtype", "f32", "--outfile", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SourceError(f"converting {hf_dir} failed:\n{proc.stderr[-4000:]}")
     return out
 
 

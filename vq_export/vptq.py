@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .kmeans import kmeans, nearest
+from .kmeans import centroid_terms, kmeans, nearest, nearest_in
 from .reference import dequantize
 from .vqtensor import VQTensor
 
@@ -154,44 +154,59 @@ class VPTQ:
     def _assign(self, C: torch.Tensor, R: torch.Tensor | None, O: torch.Tensor | None, n_out: int):
         """GPTQ-style pass over the permuted columns. Returns codes [P, in], residual codes, outlier codes
         [n_out, out/v0] and the quantized permuted weight, and the error-compensated targets."""
+        # thousands of small ops: one thread is faster than two that must meet at every op, and much faster
+        # when other processes hold the cores (k-means and the refit, large ops, keep every thread)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._assign_columns(C, R, O, n_out)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _assign_columns(self, C, R, O, n_out):
+        """The loop itself, on transposed matrices (row j = permuted column j: contiguous, one op to update)."""
         cfg, P, v = self.cfg, self.P, self.cfg.v
-        Wp = self.W[:, self.perm].clone()
-        n = Wp.shape[1]
-        Q = torch.zeros_like(Wp)
-        target = torch.zeros_like(Wp)
-        codes = torch.zeros(P, n, dtype=torch.long)
-        rcodes = torch.zeros(P, n, dtype=torch.long) if R is not None else None
-        ocodes = torch.zeros(n_out, Wp.shape[0] // cfg.v0, dtype=torch.long) if O is not None else None
+        WT = self.W[:, self.perm].T.contiguous()                      # [in, out]
+        n = WT.shape[0]
+        QT, targetT = torch.zeros_like(WT), torch.zeros_like(WT)
+        codes = torch.zeros(n, P, dtype=torch.long)
+        rcodes = torch.zeros(n, P, dtype=torch.long) if R is not None else None
+        ocodes = torch.zeros(n_out, WT.shape[1] // cfg.v0, dtype=torch.long) if O is not None else None
         U, lw, lw0 = self.U, self._lane_w(v), self._lane_w(cfg.v0)
+        main = [centroid_terms(Cg, lw) for Cg in C]
+        res = [centroid_terms(Rg, lw) for Rg in R] if R is not None else None
+        out = centroid_terms(O, lw0) if O is not None else None
+        group, u_diag = self.gp.tolist(), U.diagonal().tolist()
         for i1 in range(0, n, cfg.block):
             i2 = min(i1 + cfg.block, n)
-            W1 = Wp[:, i1:i2].clone()
+            W1 = WT[i1:i2]                                            # updated in place: WT's rows i1..i2 are done after
             E1 = torch.zeros_like(W1)
             for j in range(i2 - i1):
                 col = i1 + j
-                g = int(self.gp[col])
-                w = W1[:, j]
-                target[:, col] = w
+                g = group[col]
+                w = W1[j]
+                targetT[col] = w
                 x = w.view(P, v)
-                c, _ = nearest(x, C[g], lw)
+                c = nearest_in(x, main[g], lw)
                 q = C[g][c]
-                codes[:, col] = c
+                codes[col] = c
                 if R is not None:
-                    r, _ = nearest(x - q, R[g], lw)
+                    r = nearest_in(x - q, res[g], lw)
                     q = q + R[g][r]
-                    rcodes[:, col] = r
+                    rcodes[col] = r
                 q = q.reshape(-1)
                 if O is not None and col < n_out:
                     unit = self.ounit[col]
-                    o, _ = nearest(((w - q) / unit).view(-1, cfg.v0), O, lw0)
+                    o = nearest_in(((w - q) / unit).view(-1, cfg.v0), out, lw0)
                     q = q + O[o].reshape(-1) * unit
                     ocodes[col] = o
-                Q[:, col] = q
-                e = (w - q) / U[col, col]
-                W1[:, j:] -= e[:, None] * U[col, col:i2][None, :]
-                E1[:, j] = e
-            Wp[:, i2:] -= E1 @ U[i1:i2, i2:]
-        return codes, rcodes, ocodes, Q, target
+                QT[col] = q
+                e = (w - q) / u_diag[col]
+                W1[j + 1:].addr_(U[col, col + 1:i2], e, alpha=-1)
+                E1[j] = e
+            WT[i2:].addmm_(U[i1:i2, i2:].T, E1, alpha=-1)
+        return (codes.T.contiguous(), None if rcodes is None else rcodes.T.contiguous(), ocodes,
+                QT.T.contiguous(), targetT.T.contiguous())
 
     # --- codebook refit with the assignment fixed ---------------------------------------------------
 
@@ -240,16 +255,6 @@ class VPTQ:
     # --- driver -------------------------------------------------------------------------------------
 
     def quantize(self) -> VQTensor:
-        # thousands of small ops: one thread is faster than two that must meet at every op, and much faster
-        # when other processes hold the cores
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return self._quantize()
-        finally:
-            torch.set_num_threads(threads)
-
-    def _quantize(self) -> VQTensor:
         cfg, P, v = self.cfg, self.P, self.cfg.v
         out_features, in_features = self.W0.shape
         self._prepare()
