@@ -59,9 +59,15 @@ def test_draw_follows_the_weights_and_never_picks_a_zero():
     assert 0.70 < counts[3] / 4000 < 0.80                # 3/4, ± 5 standard deviations
 
 
-def test_nearest_in_matches_nearest_with_and_without_lane_weights():
+def test_nearest_and_nearest_in_against_brute_force_with_and_without_lane_weights(monkeypatch):
+    import vq_export.kmeans as km
+    monkeypatch.setattr(km, "CHUNK", 256 * 50)           # 50 rows a chunk: the lane weights must follow the rows
     g = torch.Generator().manual_seed(6)
     X, C = torch.randn(144, 4, generator=g), torch.randn(256, 4, generator=g)
     lw = torch.rand(144, 4, generator=g) ** 3
     for w in (None, lw):
-        assert torch.equal(nearest_in(X, centroid_terms(C, w), w), nearest(X, C, w)[0])
+        d = ((torch.ones_like(X) if w is None else w)[:, None].double() * (X[:, None] - C[None]).double() ** 2).sum(-1)
+        idx, dist = nearest(X, C, w)
+        assert torch.all(d.gather(1, idx[:, None])[:, 0] <= d.min(1).values + 1e-5)
+        assert torch.allclose(dist.double(), d.gather(1, idx[:, None])[:, 0], atol=1e-5)
+        assert torch.equal(nearest_in(X, centroid_terms(C, w), w), idx)

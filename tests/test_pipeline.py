@@ -99,22 +99,26 @@ def test_finetune_keeps_a_shared_codebook_shared(tiny_src):
 @pytest.mark.parametrize("share, channel_weights", [((), "none"), (("ffn_up",), "none"), ((), "fisher")])
 def test_interrupted_vptq_resumes_to_the_same_file(src, tmp_path, monkeypatch, share, channel_weights):
     preset = dataclasses.replace(SMALL, share=share, channel_weights=channel_weights)
-    whole = quantize_model(src, tmp_path / "whole.gguf", preset, only=["blk.0."], calib=[DEFAULT_CALIB])
+    only = ["blk.0.", "blk.1.attn_k"]
+    whole = quantize_model(src, tmp_path / "whole.gguf", preset, only=only, calib=[DEFAULT_CALIB])
     real, calls = quantize.VPTQ, []
 
     class Dies(real):
         def quantize(self):
-            if len(calls) == 3:
+            if len(calls) == 7:                                 # blk.0 done, blk.1.attn_k not
                 raise KeyboardInterrupt
             calls.append(1)
             return super().quantize()
 
     monkeypatch.setattr(quantize, "VPTQ", Dies)
     with pytest.raises(KeyboardInterrupt):
-        quantize_model(src, tmp_path / "resumed.gguf", preset, only=["blk.0."], calib=[DEFAULT_CALIB])
+        quantize_model(src, tmp_path / "resumed.gguf", preset, only=only, calib=[DEFAULT_CALIB])
     monkeypatch.setattr(quantize, "VPTQ", real)
-    resumed = quantize_model(src, tmp_path / "resumed.gguf", preset, only=["blk.0."], calib=[DEFAULT_CALIB])
+    collect, blocks = quantize.hessian.collect, []
+    monkeypatch.setattr(quantize.hessian, "collect", lambda blk, x: (blocks.append(blk), collect(blk, x))[1])
+    resumed = quantize_model(src, tmp_path / "resumed.gguf", preset, only=only, calib=[DEFAULT_CALIB])
     assert resumed.read_bytes() == whole.read_bytes()
+    assert len(blocks) == 2                                     # calibration and held-out Hessians of blk.1 only
 
 
 def test_vq_weight_module_decodes_like_the_reference(feature_files):

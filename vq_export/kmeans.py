@@ -8,37 +8,35 @@ CHUNK = 1 << 24  # entries of the distance matrix computed at once (64 MiB)
 
 def nearest(X: torch.Tensor, C: torch.Tensor, lane_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Index of the nearest centroid of each row of X, and the squared distance to it; with lane_w [n, v] the
-    distance is Σ_e lane_w[i, e] (x_ie − c_e)². One product per chunk: ‖x‖² is the same for every centroid, so
-    the argmin needs only −2 x·c + ‖c‖² (with lane weights: [−2 w⊙x, w] · [c, c⊙c])."""
+    distance is Σ_e lane_w[i, e] (x_ie − c_e)². Chunks of rows, each one product (`scores`)."""
     idx = torch.empty(X.shape[0], dtype=torch.long)
     dist = torch.empty(X.shape[0], dtype=X.dtype)
     rows = max(1, CHUNK // C.shape[0])
-    c2 = (C * C).sum(1)
-    Z = torch.cat([C, C * C], 1).T if lane_w is not None else None
+    terms = centroid_terms(C) if lane_w is None else None
     for s in range(0, X.shape[0], rows):
         x = X[s : s + rows]
-        if lane_w is None:
-            d = torch.addmm(c2, x, C.T, alpha=-2)
-            x2 = (x * x).sum(1)
-        else:
-            w = lane_w[s : s + rows]
-            d = torch.cat([-2 * w * x, w], 1) @ Z
-            x2 = (w * x * x).sum(1)
-        m, idx[s : s + rows] = d.min(1)
-        dist[s : s + rows] = m + x2
+        w = None if lane_w is None else lane_w[s : s + rows]
+        m, idx[s : s + rows] = scores(x, terms or centroid_terms(C, w), w).min(1)
+        dist[s : s + rows] = m + (x * x if w is None else w * x * x).sum(1)
     return idx, dist.clamp_min_(0)
 
 
 def centroid_terms(C: torch.Tensor, lane_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """What `nearest_in` needs of C for many small searches with the same lane weights [P, v] (GPTQ's column
-    loop: every column's P vectors): Cᵀ, and the bias ‖c‖² [k], or lane_w (C⊙C)ᵀ [P, k] with lane weights."""
+    """What `scores` needs of C, computed once for many searches with the same lane weights [P, v] (GPTQ's
+    column loop: every column's P vectors): Cᵀ, and the bias ‖c‖² [k], or lane_w (C⊙C)ᵀ [P, k]."""
     return C.T.contiguous(), (C * C).sum(1) if lane_w is None else lane_w @ (C * C).T
 
 
-def nearest_in(x: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor], lane_w: torch.Tensor | None = None) -> torch.Tensor:
-    """nearest(x, C, lane_w)[0] for rows x [P, v], with C's terms from centroid_terms: argmin of bias − 2 (w⊙x)·c."""
+def scores(x: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor], lane_w: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, k]: the distance of each row of x to each centroid less ‖x‖²_w, the same for every centroid:
+    bias − 2 (w⊙x)·c, one product."""
     Ct, bias = terms
-    return torch.addmm(bias, x if lane_w is None else lane_w * x, Ct, alpha=-2).argmin(1)
+    return torch.addmm(bias, x if lane_w is None else lane_w * x, Ct, alpha=-2)
+
+
+def nearest_in(x: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor], lane_w: torch.Tensor | None = None) -> torch.Tensor:
+    """nearest(x, C, lane_w)[0] with C's terms computed beforehand (centroid_terms)."""
+    return scores(x, terms, lane_w).argmin(1)
 
 
 def draw(p: torch.Tensor, gen: torch.Generator) -> int:

@@ -243,7 +243,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     for i, blk in enumerate(model.blocks[: last + 1]):
         todo = [n for n in LINEARS if f"blk.{i}.{n}.weight" in run.names]
         float_w = dict(blk.w)
-        if todo:
+        if any(not (run.parts / f"blk.{i}.{n}.weight.npz").exists() for n in todo):   # a resumed run skips done blocks
             H, _ = hessian.collect(blk, x[:n_fit])
             H_val, _ = hessian.collect(blk, x[n_fit:])
         for short in todo:

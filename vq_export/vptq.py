@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from .kmeans import centroid_terms, kmeans, nearest, nearest_in
-from .reference import dequantize
 from .vqtensor import VQTensor
 
 
@@ -278,9 +277,7 @@ class VPTQ:
             Qout = self._outlier_part(ocodes, O, n_out)
             C, R = self._refit(codes, rcodes, C, R, Qout)
             codes, rcodes, ocodes, Q, target = self._assign(C, R, O, n_out)
-        t = self._tensor(codes, rcodes, ocodes, C, R, O, n_out)
-        self.loss = proxy_loss(self.W0, torch.from_numpy(dequantize(t)), self.H0)
-        return t
+        return self._tensor(codes, rcodes, ocodes, C, R, O, n_out)
 
     def _outlier_part(self, ocodes, O, n_out) -> torch.Tensor:
         """The outlier codebook's contribution to the permuted normalized weight (zero without outliers)."""
