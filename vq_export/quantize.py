@@ -158,6 +158,10 @@ class Run:
     def parts(self) -> Path:
         return self.out.with_name(f".{self.out.name}.parts-{self.key}")
 
+    def part(self, name: str) -> Path:
+        """Where a finished tensor is kept until the file is written."""
+        return self.parts / f"{name}.npz"
+
 
 def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *, seed: int = 0,
                    other_type: str = "q8_0", only: list[str] | None = None, calib: list | None = None) -> Path:
@@ -217,7 +221,7 @@ def hessian_bytes(run: Run) -> int:
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
     done, report = {}, {}
     for name in tqdm(run.names, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True):
-        part = run.parts / f"{name}.npz"
+        part = run.part(name)
         if part.exists():
             done[name], report[name] = _load_part(part)
             continue
@@ -243,12 +247,12 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     for i, blk in enumerate(model.blocks[: last + 1]):
         todo = [n for n in LINEARS if f"blk.{i}.{n}.weight" in run.names]
         float_w = dict(blk.w)
-        if any(not (run.parts / f"blk.{i}.{n}.weight.npz").exists() for n in todo):   # a resumed run skips done blocks
+        if any(not run.part(f"blk.{i}.{n}.weight").exists() for n in todo):   # a resumed run skips done blocks
             H, _ = hessian.collect(blk, x[:n_fit])
             H_val, _ = hessian.collect(blk, x[n_fit:])
         for short in todo:
             name = f"blk.{i}.{short}.weight"
-            part = run.parts / f"{name}.npz"
+            part = run.part(name)
             bar.set_postfix_str(name)
             if part.exists():
                 t, rep = _load_part(part)
