@@ -158,6 +158,31 @@ def test_finetune_lowers_kl_and_keeps_the_best_held_out_state(tiny_src):
     assert set(norms) >= {"output_norm.weight", "blk.0.attn_norm.weight", "blk.1.ffn_norm.weight"}
 
 
+def test_finetune_trains_row_scales_into_the_file(tiny_src, tmp_path):
+    """--row-scales adds a trained scale per output channel where the file had none; llama.cpp reads the file
+    and gives the logits of the reference decoder."""
+    from vq_export import gguf_writer
+    from vq_export.finetune import finetune_file
+    from vq_export.source import load_quantized
+    vq = _tiny_vq(tiny_src)
+    assert all(t.row_scale is None for t in vq.values())
+    vq_file = gguf_writer.write(tmp_path / "tiny-vq.gguf", tiny_src, vq=vq, other_type="f32")
+    teacher = Teacher.run(tiny_src, _tokens(28), n_heldout=4)
+    out = finetune_file(vq_file, teacher.save(tmp_path / "teacher.npz"), tmp_path / "ft.gguf", steps=18, lr=1e-3,
+                        batch=4, device="cpu", eval_every=3, row_scales=True)
+    tuned_src, tuned = load_quantized(out)
+    assert set(tuned) == set(vq)
+    assert all(t.row_scale is not None and t.row_scale.shape == (t.shape[0],) for t in tuned.values())
+    assert max(float(np.abs(t.row_scale - 1).max()) for t in tuned.values()) > 1e-3      # trained, not left at one
+    heldout = teacher.tokens[-4:]
+    assert kl_to_float(tiny_src, tuned, heldout) < kl_to_float(tiny_src, vq, heldout)
+    decoded = gguf_writer.write(tmp_path / "decoded.gguf", tuned_src, other_type="f32")   # the numpy decoding
+    toks = [int(t) for t in heldout[0, :16]]
+    with Model(out, n_ctx=64) as m, Model(decoded, n_ctx=64) as d:
+        a, b = m.logits(toks), d.logits(toks)
+    assert np.abs(a - b).max() <= 1e-3 * float(np.abs(b).max()), np.abs(a - b).max()
+
+
 def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, tmp_path):
     """An interrupted run resumes to the same file; a checkpoint kept elsewhere (say, made on a GPU machine)
     gives the same file again without training; a checkpoint of other inputs is refused."""

@@ -20,15 +20,14 @@ def layer(out_features=64, in_features=128, n_tokens=2048, seed=0):
 
 
 def loss(W, H, cfg):
-    q = VPTQ(W, H, cfg)
-    t = q.quantize()
-    return proxy_loss(W, torch.from_numpy(dequantize(t)), H), t, q
+    t = VPTQ(W, H, cfg).quantize()
+    return proxy_loss(W, torch.from_numpy(dequantize(t)), H), t
 
 
 def test_second_order_beats_nearest_centroid():
     W, H = layer()
     cfg = VPTQConfig(v=4, k=16, refit_rounds=0)
-    l2, t, q = loss(W, H, cfg)
+    l2, t = loss(W, H, cfg)
     # the same codebook with plain nearest-centroid codes, no error feedback
     C = torch.from_numpy(t.codebook[0].astype(np.float32))
     X = W.reshape(16, 4, 128).permute(0, 2, 1).reshape(-1, 4)
@@ -38,22 +37,22 @@ def test_second_order_beats_nearest_centroid():
 
 def test_residual_lowers_error():
     W, H = layer(seed=1)
-    base, _, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
-    res, t, _ = loss(W, H, VPTQConfig(v=4, k=16, k_res=16, refit_rounds=0))
+    base, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
+    res, t = loss(W, H, VPTQConfig(v=4, k=16, k_res=16, refit_rounds=0))
     assert t.res_codebook is not None and res < 0.8 * base
 
 
 def test_codebook_refit_lowers_error():
     W, H = layer(seed=2)
-    paper, _, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
-    refit, _, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=2))
+    paper, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
+    refit, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=2))
     assert refit < paper
 
 
 def test_outlier_columns_lower_error_and_are_the_strongest():
     W, H = layer(seed=3)
-    base, _, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
-    out, t, _ = loss(W, H, VPTQConfig(v=4, k=16, outlier_frac=0.03, v0=4, k0=16, refit_rounds=0))
+    base, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
+    out, t = loss(W, H, VPTQConfig(v=4, k=16, outlier_frac=0.03, v0=4, k0=16, refit_rounds=0))
     assert out < base
     assert {0, 1, 2} <= set(t.outlier_cols.tolist())
 
@@ -88,8 +87,8 @@ def test_deterministic_under_seed():
 def test_column_groups_lower_error_and_use_their_own_codebook():
     W, H = layer(seed=7)
     W[:, 64:] *= 8                                              # two halves of very different scale
-    one, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
-    two, t, _ = loss(W, H, VPTQConfig(v=4, k=16, groups=2))
+    one, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    two, t = loss(W, H, VPTQConfig(v=4, k=16, groups=2))
     assert t.codebook.shape == (2, 16, 4) and two < 0.8 * one
     assert np.abs(t.codebook[1]).max() > 4 * np.abs(t.codebook[0]).max()
 
@@ -98,9 +97,9 @@ def test_normalization_lowers_error_on_uneven_rows_and_columns():
     W, H = layer(seed=8)
     g = torch.Generator().manual_seed(8)
     W = W * torch.exp(torch.randn(64, 1, generator=g)) * torch.exp(torch.randn(1, 128, generator=g)) + 0.02
-    plain, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
-    rows, t_rows, q_rows = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True))
-    both, t_both, q_both = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True, col_norm=True))
+    plain, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    rows, t_rows = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True))
+    both, t_both = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True, col_norm=True))
     assert t_rows.row_scale.shape == (64,) and t_both.col_norm.shape == (2, 128)
     assert rows < plain and both < rows
 
@@ -108,8 +107,8 @@ def test_normalization_lowers_error_on_uneven_rows_and_columns():
 def test_everything_at_once_with_outliers_and_residual():
     W, H = layer(seed=9)
     cfg = VPTQConfig(v=4, k=16, k_res=4, groups=2, col_norm=True, row_scale=True, outlier_frac=0.03, k0=16)
-    err, t, _ = loss(W, H, cfg)
-    base, _, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    err, t = loss(W, H, cfg)
+    base, _ = loss(W, H, VPTQConfig(v=4, k=16))
     assert np.isfinite(dequantize(t)).all() and err < base
 
 

@@ -94,7 +94,7 @@ def cmd_finetune(args) -> None:
     out = Path(args.out) if args.out else Path(args.file).with_suffix(".ft.gguf")
     path = finetune_file(Path(args.file), Path(args.teacher), out, steps=args.steps, lr=args.lr, batch=args.batch,
                          device=args.device or default_device(), checkpoint=args.checkpoint, seed=args.seed,
-                         eval_every=args.eval_every)
+                         eval_every=args.eval_every, row_scales=args.row_scales)
     print_summary(path)
 
 
@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
                                                       "removed when done); one of --steps steps is only written out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations")
+    p.add_argument("--row-scales", action="store_true", help="train a scale per output channel too (added where "
+                   "FILE has none: +32 bits a row, format.md §5)")
     p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("inspect", help="show a GGUF's tensors, VQ geometry and bits per weight")

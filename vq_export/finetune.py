@@ -1,5 +1,7 @@
 """End-to-end fine-tuning with the indices fixed: train the codebooks and the RMSNorm weights so that the
-quantized model's next-token distribution matches the float model's (KL-divergence on the logits).
+quantized model's next-token distribution matches the float model's (KL-divergence on the logits). With
+`row_scales`, every VQ weight's per-output-channel scale (format.md §5; ones where the file has none) is trained
+too: one more value per row, where a codebook is shared by all rows of a tensor.
 
 The float model runs once (`Teacher.run`): its output-norm states are kept, and each step rebuilds the float
 logits from them with the head the quantized model uses too (the token embedding or output weight, the same
@@ -29,10 +31,11 @@ from .vqtensor import VQTensor
 
 
 class VQWeight(torch.nn.Module):
-    """A VQ weight as a differentiable function of its codebooks (codes, permutation, norms and outliers fixed).
-    A codebook shared by several weights (format.md 4.1) is one Parameter in `shared`, keyed by its tensor name."""
+    """A VQ weight as a differentiable function of its codebooks, and of its row scales with `row_scales`
+    (codes, permutation, column norms and outlier columns fixed). A codebook shared by several weights
+    (format.md 4.1) is one Parameter in `shared`, keyed by its tensor name."""
 
-    def __init__(self, t: VQTensor, shared: dict[str, torch.nn.Parameter] | None = None):
+    def __init__(self, t: VQTensor, shared: dict[str, torch.nn.Parameter] | None = None, row_scales: bool = False):
         super().__init__()
         if t.groups != 1:
             raise ValueError("fine-tuning supports one codebook group")
@@ -49,7 +52,12 @@ class VQWeight(torch.nn.Module):
         self.register_buffer("res_codes", None if t.res_codes is None else torch.from_numpy(t.res_codes.astype(np.int64)))
         self.register_buffer("perm", None if t.perm is None else torch.from_numpy(t.perm.astype(np.int64)))
         self.register_buffer("col_norm", None if t.col_norm is None else torch.from_numpy(t.col_norm.astype(np.float32)))
-        self.register_buffer("row_scale", None if t.row_scale is None else torch.from_numpy(t.row_scale.astype(np.float32)))
+        u = t.row_scale if t.row_scale is not None or not row_scales else np.ones(t.shape[0], np.float32)
+        u = None if u is None else torch.from_numpy(u.astype(np.float32))
+        if row_scales:
+            self.row_scale = torch.nn.Parameter(u)
+        else:
+            self.register_buffer("row_scale", u)
         self.O = None
         if t.outlier_cols is not None:
             self.O = book("vq_outlier_codebook", t.outlier_codebook)
@@ -79,6 +87,8 @@ class VQWeight(torch.nn.Module):
             t.res_codebook = self.R.detach().cpu().to(torch.float16).numpy()[None]
         if self.O is not None:
             t.outlier_codebook = self.O.detach().cpu().to(torch.float16).numpy()
+        if isinstance(self.row_scale, torch.nn.Parameter):
+            t.row_scale = self.row_scale.detach().cpu().numpy().astype(np.float32)
 
 
 @dataclass
@@ -117,19 +127,26 @@ class Teacher:
 
 def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: float = 1e-4, batch: int = 2,
              device: str = "cpu", checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50,
-             inputs: dict | None = None) -> dict[str, np.ndarray]:
-    """Train in place: writes the tuned codebooks into `vq`; returns the tuned norm weights by GGUF name.
-    `src` holds every other weight of the quantized model (its head makes the teacher's logits too).
-    The learning rate follows a cosine from `lr` down to lr/10. `inputs` is stored in the checkpoint."""
+             inputs: dict | None = None, row_scales: bool = False) -> dict[str, np.ndarray]:
+    """Train in place: writes the tuned codebooks (and row scales) into `vq`; returns the tuned norm weights by
+    GGUF name. `src` holds every other weight of the quantized model (its head makes the teacher's logits too).
+    The learning rate follows a cosine from `lr` down to lr/10; row scales get lr · rms(scales) / rms(codebooks),
+    so that they move as fast as the centroids relative to their size. `inputs` is stored in the checkpoint."""
     torch.backends.cuda.matmul.allow_tf32 = True   # on a GPU: TF32 products, F32 accumulation
-    student, weights = _student(src, vq, device)
+    student, weights = _student(src, vq, device, row_scales)
     norms = {}
     for i, blk in enumerate(student.blocks):
         for n in ("attn_norm", "ffn_norm"):
             blk.w[n] = norms[f"blk.{i}.{n}.weight"] = blk.w[n].clone().requires_grad_(True)
     student.out_norm = norms["output_norm.weight"] = student.out_norm.clone().requires_grad_(True)
-    params = list({id(p): p for w in weights.values() for p in w.parameters()}.values()) + list(norms.values())
-    opt = torch.optim.Adam(params, lr=lr)
+    scales = [w.row_scale for w in weights.values()] if row_scales else []
+    books = [p for p in {id(p): p for w in weights.values() for p in w.parameters()}.values()
+             if not any(p is u for u in scales)]
+    params = books + list(norms.values()) + scales
+    groups = [{"params": books + list(norms.values()), "lr": lr}]
+    if scales:
+        groups.append({"params": scales, "lr": lr * float(_rms(scales) / _rms(books))})
+    opt = torch.optim.Adam(groups, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     n_train = len(teacher.tokens) - teacher.n_heldout
     heldout = (teacher.tokens[n_train:], teacher.hidden[n_train:])
@@ -183,6 +200,10 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
     return {n: p.detach().cpu().numpy().copy() for n, p in norms.items()}
 
 
+def _rms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.sqrt(sum((t.detach() ** 2).sum() for t in tensors) / sum(t.numel() for t in tensors))
+
+
 def _kl(student: Llama, tokens: torch.Tensor, hidden: torch.Tensor, device) -> torch.Tensor:
     """Mean per-token KL(teacher ‖ student), the teacher's logits rebuilt from its states with the student's head."""
     target = F.log_softmax(hidden.to(device).float() @ student.head.T, -1)
@@ -190,11 +211,11 @@ def _kl(student: Llama, tokens: torch.Tensor, hidden: torch.Tensor, device) -> t
     return F.kl_div(logp, target, log_target=True, reduction="batchmean") / tokens.shape[1]
 
 
-def _student(src, vq: dict[str, VQTensor], device="cpu") -> tuple[Llama, dict[str, VQWeight]]:
+def _student(src, vq: dict[str, VQTensor], device="cpu", row_scales: bool = False) -> tuple[Llama, dict[str, VQWeight]]:
     """The model with its VQ weights as functions of their codebooks; their float copies in `src` stay behind."""
     student = Llama(dataclasses.replace(src, tensors={n: w for n, w in src.tensors.items() if n not in vq}), device)
     shared = {}
-    weights = {name: VQWeight(t, shared) for name, t in vq.items()}
+    weights = {name: VQWeight(t, shared, row_scales) for name, t in vq.items()}
     for w in weights.values():
         w.to(device)   # in place: a shared codebook stays one Parameter
     for i, blk in enumerate(student.blocks):
@@ -222,7 +243,7 @@ def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int =
 
 
 def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: float, batch: int, device: str,
-                  checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50) -> Path:
+                  checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50, row_scales: bool = False) -> Path:
     """Fine-tune a VQ-GGUF file against a saved Teacher and write the result. The checkpoint (default: in a
     parts folder beside `out`) names its inputs; one that holds `steps` steps or more is only written out, so a
     checkpoint made on another machine (a GPU) turns into the same file here."""
@@ -230,6 +251,8 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
     from .source import load_quantized
     path, teacher_path, out = Path(path), Path(teacher_path), Path(out)
     inputs = {"file": _digest(path), "teacher": _digest(teacher_path), "lr": lr, "batch": batch, "seed": seed}
+    if row_scales:
+        inputs["row_scales"] = True
     key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
     parts = out.with_name(f".{out.name}.parts-{key}")
     checkpoint = Path(checkpoint) if checkpoint else parts / "finetune.pt"
@@ -241,14 +264,15 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
     src, vq = load_quantized(path)
     teacher = Teacher.load(teacher_path)
     norms = finetune(src, vq, teacher, steps=steps, lr=lr, batch=batch, device=device, checkpoint=checkpoint,
-                     seed=seed, eval_every=eval_every, inputs=inputs)
+                     seed=seed, eval_every=eval_every, inputs=inputs, row_scales=row_scales)
     kv = {kv.key: kv.value for kv in src.metadata}
     other_type = {"F32": "f32", "F16": "f16"}.get(src.source_types.get("token_embd.weight", ""), "q8_0")
     written = gguf_writer.write(out, src, vq=vq, override=norms, other_type=other_type, extra_kv={
         ggml_vq.METHOD_KEY: str(kv.get(ggml_vq.METHOD_KEY, "vptq")), ggml_vq.PRESET_KEY: str(kv.get(ggml_vq.PRESET_KEY, "")),
         ggml_vq.INPUTS_KEY: f"{kv.get(ggml_vq.INPUTS_KEY, '')}+finetune-{key}",
         ggml_vq.FINETUNE_KEY: "; then ".join(filter(None, [str(kv.get(ggml_vq.FINETUNE_KEY, "")),
-            f"steps={steps} lr={lr} batch={batch} teacher={teacher_path.name} windows={len(teacher.tokens) - teacher.n_heldout}"]))})
+            f"steps={steps} lr={lr} batch={batch} teacher={teacher_path.name} windows={len(teacher.tokens) - teacher.n_heldout}"
+            + (" row_scales" if row_scales else "")]))})
     if checkpoint.parent == parts:
         checkpoint.unlink()
         parts.rmdir()
