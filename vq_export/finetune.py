@@ -52,12 +52,11 @@ class VQWeight(torch.nn.Module):
         self.register_buffer("res_codes", None if t.res_codes is None else torch.from_numpy(t.res_codes.astype(np.int64)))
         self.register_buffer("perm", None if t.perm is None else torch.from_numpy(t.perm.astype(np.int64)))
         self.register_buffer("col_norm", None if t.col_norm is None else torch.from_numpy(t.col_norm.astype(np.float32)))
-        u = t.row_scale if t.row_scale is not None or not row_scales else np.ones(t.shape[0], np.float32)
-        u = None if u is None else torch.from_numpy(u.astype(np.float32))
         if row_scales:
-            self.row_scale = torch.nn.Parameter(u)
+            u = np.ones(t.shape[0]) if t.row_scale is None else t.row_scale
+            self.row_scale = torch.nn.Parameter(torch.from_numpy(u.astype(np.float32)))
         else:
-            self.register_buffer("row_scale", u)
+            self.register_buffer("row_scale", None if t.row_scale is None else torch.from_numpy(t.row_scale.astype(np.float32)))
         self.O = None
         if t.outlier_cols is not None:
             self.O = book("vq_outlier_codebook", t.outlier_codebook)
@@ -139,14 +138,11 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
         for n in ("attn_norm", "ffn_norm"):
             blk.w[n] = norms[f"blk.{i}.{n}.weight"] = blk.w[n].clone().requires_grad_(True)
     student.out_norm = norms["output_norm.weight"] = student.out_norm.clone().requires_grad_(True)
+    books = list({id(p): p for w in weights.values() for n, p in w.named_parameters() if n != "row_scale"}.values())
     scales = [w.row_scale for w in weights.values()] if row_scales else []
-    books = [p for p in {id(p): p for w in weights.values() for p in w.parameters()}.values()
-             if not any(p is u for u in scales)]
-    params = books + list(norms.values()) + scales
-    groups = [{"params": books + list(norms.values()), "lr": lr}]
-    if scales:
-        groups.append({"params": scales, "lr": lr * float(_rms(scales) / _rms(books))})
-    opt = torch.optim.Adam(groups, lr=lr)
+    scale_group = [{"params": scales, "lr": lr * float(_rms(scales) / _rms(books))}] if scales else []
+    opt = torch.optim.Adam([{"params": books + list(norms.values())}] + scale_group, lr=lr)
+    params = [p for g in opt.param_groups for p in g["params"]]   # the checkpoint's order
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     n_train = len(teacher.tokens) - teacher.n_heldout
     heldout = (teacher.tokens[n_train:], teacher.hidden[n_train:])
