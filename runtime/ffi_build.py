@@ -6,6 +6,7 @@ renamed or retyped upstream fails this build instead of corrupting memory at run
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -97,6 +98,7 @@ struct llama_sampler * llama_sampler_init_greedy(void);
 struct llama_sampler * llama_sampler_init_dist(uint32_t seed);
 struct llama_sampler * llama_sampler_init_top_k(int32_t k);
 struct llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep);
+struct llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep);
 struct llama_sampler * llama_sampler_init_temp(float t);
 llama_token llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
 void llama_sampler_free(struct llama_sampler * smpl);
@@ -191,6 +193,8 @@ def build(tree: Path, lib_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         so = Path(ffi.compile(tmpdir=tmp))
-        shutil.copy2(so, out_dir / so.name)
+        staged = out_dir / f".{so.name}.tmp"
+        shutil.copy2(so, staged)
+        os.replace(staged, out_dir / so.name)  # a new file: processes that loaded the old one keep it intact
     stamp.write_text(key)
     return out_dir

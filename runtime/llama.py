@@ -59,6 +59,7 @@ class SamplerConfig:
     temperature: float = 0.8   # <= 0: greedy
     top_k: int = 40            # 0: no top-k cut
     top_p: float = 0.95        # in (0, 1]; 1: no nucleus cut
+    min_p: float = 0.0         # in [0, 1): drop tokens below min_p times the top one's probability; 0: none
     seed: int = 0              # 0 .. 2^32 - 1
 
     def __post_init__(self):
@@ -69,6 +70,8 @@ class SamplerConfig:
             raise ValueError(f"top_k must be an integer >= 0, not {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), not {self.min_p}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be an integer in [0, 2^32), not {self.seed!r}")
 
@@ -285,6 +288,8 @@ class Model:
         else:
             self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_top_k(cfg.top_k))
             self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_top_p(cfg.top_p, 1))
+            if cfg.min_p > 0:
+                self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_min_p(cfg.min_p, 1))
             self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_temp(cfg.temperature))
             self.lib.llama_sampler_chain_add(chain, self.lib.llama_sampler_init_dist(cfg.seed))
         try:

@@ -69,7 +69,8 @@ def test_token_outside_the_vocabulary(tiny):
 
 
 @pytest.mark.parametrize("kwargs", [{"temperature": math.nan}, {"temperature": math.inf}, {"top_k": -1}, {"top_k": 2.5},
-                                    {"top_p": 0}, {"top_p": 1.5}, {"top_p": math.nan}, {"seed": -1}, {"seed": 2**32}])
+                                    {"top_p": 0}, {"top_p": 1.5}, {"top_p": math.nan},
+                                    {"min_p": -0.1}, {"min_p": 1}, {"min_p": math.nan}, {"seed": -1}, {"seed": 2**32}])
 def test_invalid_sampling_parameters(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SamplerConfig(**kwargs)

@@ -39,6 +39,19 @@ def test_sampling_is_deterministic_under_a_seed(model):
     assert generate(model, seed=0, temperature=0) == generate(model, seed=99, temperature=0)
 
 
+def test_min_p_cuts_the_tail(model):
+    """min-p near 1 keeps only the most likely token: any seed at temperature 1 then gives the greedy text."""
+    prompt = model.tokenize("The history of", add_special=False)
+    greedy = "".join(model.generate(prompt, max_tokens=16, sampler=SamplerConfig(temperature=0)))
+    for seed in (1, 2):
+        cfg = SamplerConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.999, seed=seed)
+        assert "".join(model.generate(prompt, max_tokens=16, sampler=cfg)) == greedy
+    free = {"".join(model.generate(prompt, max_tokens=16, sampler=SamplerConfig(temperature=1.0, top_k=0, top_p=1.0,
+                                                                                 min_p=0.02, seed=seed)))
+            for seed in (1, 2, 3)}
+    assert len(free) > 1
+
+
 def test_chat_reuses_the_context(model):
     model.reset()
     chat = Chat(model, sampler=SamplerConfig(temperature=0))

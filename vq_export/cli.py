@@ -2,6 +2,7 @@
 
     vq-gguf build                      build the patched llama.cpp (fetch, check, patch, compile)
     vq-gguf quantize --preset 2bit     quantize the default model (or --model PATH)
+    vq-gguf selfgen --out S.txt        calibration text the model writes itself (an ordinary --calib file)
     vq-gguf teacher --out T.npz        the float model's states on calibration windows, for finetune
     vq-gguf finetune FILE --teacher T.npz   end-to-end fine-tuning of FILE's codebooks and norms (GPU if any)
     vq-gguf inspect FILE               tensor types, VQ geometry, bits per weight counted from the file
@@ -74,6 +75,15 @@ def cmd_quantize(args) -> Path:
                           calib=args.calib)
     print_summary(path)
     return path
+
+
+def cmd_selfgen(args) -> None:
+    from . import source
+    from .selfgen import generate
+    from native.build import tree_dir
+
+    src = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    print(generate(src.path, Path(args.out), args.tokens, seed=args.seed))
 
 
 def cmd_teacher(args) -> None:
@@ -294,6 +304,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", nargs="+", default=None, help="quantize only tensors whose name contains one of these")
     add_quantize(p)
     p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("selfgen", help="calibration text sampled from the model itself (for --calib)")
+    p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="output .txt")
+    p.add_argument("--tokens", type=int, default=100_000, help="tokens to write (128 windows of 512 need 65 536)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_selfgen)
 
     p = sub.add_parser("teacher", help="the float model's output-norm states on calibration windows (for finetune)")
     p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
