@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("selfgen", help="calibration text sampled from the model itself (for --calib)")
     p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="output .txt")
-    p.add_argument("--tokens", type=int, default=100_000, help="tokens to write (128 windows of 512 need 65 536)")
+    p.add_argument("--tokens", type=int, default=100_000, help="tokens to write (the presets' 128 + 4 windows of 512 need 67 584)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_selfgen)
 
