@@ -36,6 +36,13 @@ def resolve_model(model: str) -> Path:
     return Path(model)
 
 
+def load_source(model: str):
+    """The float source of `model` ("default", a GGUF file or a Hugging Face directory), as a GGUF."""
+    from . import source
+    from native.build import tree_dir
+    return source.load(resolve_model(model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+
+
 def cmd_build(args) -> None:
     from native.build import build, build_sanitize
     print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
@@ -44,9 +51,7 @@ def cmd_build(args) -> None:
 def cmd_quantize(args) -> Path:
     import dataclasses
 
-    from . import source
     from .quantize import PRESETS, quantize_model
-    from native.build import tree_dir
 
     preset = PRESETS[args.preset]
     changes = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
@@ -69,7 +74,7 @@ def cmd_quantize(args) -> Path:
         preset = dataclasses.replace(preset, n_calib=args.calib_windows)
     if args.finetune_steps is not None:
         preset = dataclasses.replace(preset, finetune_steps=args.finetune_steps)
-    model = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    model = load_source(args.model)
     out = Path(args.out) if args.out else default_out(preset.name)
     path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
                           calib=args.calib)
@@ -78,21 +83,17 @@ def cmd_quantize(args) -> Path:
 
 
 def cmd_selfgen(args) -> None:
-    from . import source
     from .selfgen import generate
-    from native.build import tree_dir
 
-    src = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    src = load_source(args.model)
     print(generate(src.path, Path(args.out), args.tokens, seed=args.seed))
 
 
 def cmd_teacher(args) -> None:
-    from . import source
     from .calib import DEFAULT_CALIB, calibration_tokens
     from .finetune import Teacher
-    from native.build import tree_dir
 
-    src = source.load(resolve_model(args.model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    src = load_source(args.model)
     tokens = calibration_tokens(src.path, args.calib or [DEFAULT_CALIB], args.windows + args.heldout, 512, args.seed)
     print(Teacher.run(src, tokens, args.heldout).save(Path(args.out)))
 

@@ -23,18 +23,17 @@ def generate(model_gguf: Path, out: Path, tokens: int, seed: int = 0, sample_tok
     from runtime.llama import Model, SamplerConfig
     if tokens < 1 or sample_tokens < 1:
         raise ValueError(f"tokens ({tokens}) and sample_tokens ({sample_tokens}) must be positive")
-    samples, total = [], 0
+    samples = []
     with Model(model_gguf, n_ctx=sample_tokens + 16) as m, \
             tqdm(total=tokens, desc="self-generated text", unit="tok", dynamic_ncols=True) as bar:
-        while total < tokens:
+        while bar.n < tokens:
             i = len(samples)
             opening = OPENINGS[i * 7 % len(OPENINGS)]
             m.reset()
             sampler = SamplerConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.02, seed=(seed * 1_000_003 + i) % 2**32)
             text = opening + "".join(m.generate(m.tokenize(opening), max_tokens=sample_tokens, sampler=sampler))
             samples.append(text)
-            total += len(m.tokens)
             bar.update(len(m.tokens))
     with replacing(out, ".txt") as tmp:
-        Path(tmp).write_text("\n\n".join(samples), encoding="utf-8")
+        tmp.write_text("\n\n".join(samples), encoding="utf-8")
     return out
