@@ -99,3 +99,21 @@ def test_preset_overrides_select_kinds_and_blocks():
         parse_tensor_config("ffn_down@0", base.config)
     with pytest.raises(SystemExit, match="unknown setting"):
         parse_tensor_config("ffn_down:bits=3", base.config)
+
+
+@pytest.mark.parametrize("name, budget", [("2bit", 2.1), ("3bit", 3.1), ("4bit", 4.1)])
+def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budget):
+    """Index bits and F16 codebooks of every block linear of the default model, as the file will count them: the
+    kinds a preset gives more bits (attn_v, attn_k, the end blocks' ffn_down) must not take it past its budget."""
+    from vq_export.quantize import PRESETS
+    preset = PRESETS[name]
+    bits = weights = 0
+    for n in src.linear_names():
+        out_features, in_features = src.tensors[n].shape
+        cfg = preset.config_for(n, src.n_blocks)
+        bits += out_features * in_features * cfg.index_bits / cfg.v + 16 * cfg.v * (cfg.k + cfg.k_res)
+        weights += out_features * in_features
+    assert budget - 0.15 < bits / weights <= budget
+    rate = {n.split(".")[2]: preset.config_for(n, src.n_blocks) for n in src.linear_names() if n.startswith("blk.5.")}
+    rate = {kind: cfg.index_bits / cfg.v for kind, cfg in rate.items()}
+    assert rate["attn_v"] == min(4, rate["attn_q"] + 1)          # 4 bits is the format's most (format.md §2)
