@@ -63,6 +63,7 @@ FEATURE_TENSORS = {
     "blk.1.attn_v.weight": (VQConfig(v=6, k=256, k_res=16, iters=4), True, 3),
     "blk.2.ffn_gate.weight": (VQConfig(v=2, k=64, iters=4), False, 1),
     "blk.2.attn_k.weight": (VQConfig(v=4, k=8, iters=4), False, 1),
+    "blk.2.ffn_up.weight": (VQConfig(v=2, k=1024, iters=2), False, 1),  # 5 bits per weight
 }
 
 

@@ -116,4 +116,4 @@ def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budge
     assert budget - 0.15 < bits / weights <= budget
     rate = {n.split(".")[2]: preset.config_for(n, src.n_blocks) for n in src.linear_names() if n.startswith("blk.5.")}
     rate = {kind: cfg.index_bits / cfg.v for kind, cfg in rate.items()}
-    assert rate["attn_v"] == min(4, rate["attn_q"] + 1)          # 4 bits is the format's most (format.md §2)
+    assert rate["attn_v"] == rate["attn_q"] + 1

@@ -33,7 +33,9 @@ def test_code_too_wide_is_refused():
 def test_type_names_and_ids():
     assert ggml_vq.type_id(8) == 208 and ggml_vq.type_name(8) == "vq2_00"
     assert ggml_vq.type_name(3) == "vq0_75" and ggml_vq.type_name(13) == "vq3_25"
-    assert ggml_vq.is_vq(216) and not ggml_vq.is_vq(42) and not ggml_vq.is_vq(217)
-    with pytest.raises(ValueError):
-        ggml_vq.type_id(17)
+    assert ggml_vq.type_id(20) == 220 and ggml_vq.type_name(20) == "vq5_00" and ggml_vq.type_name(32) == "vq8_00"
+    assert ggml_vq.is_vq(232) and not ggml_vq.is_vq(42) and not ggml_vq.is_vq(233) and not ggml_vq.is_vq(201)
+    for n in (1, 33):
+        with pytest.raises(ValueError):
+            ggml_vq.type_id(n)
     assert ggml_vq.side_name("blk.3.ffn_up.weight", "vq_codebook") == "blk.3.ffn_up.vq_codebook"

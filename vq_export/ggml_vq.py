@@ -22,7 +22,7 @@ FTYPE_MOSTLY_VQ = 200  # llama_ftype LLAMA_FTYPE_MOSTLY_VQ
 
 TYPE_BASE = 200
 BLOCK_SIZE = 32
-N_MIN, N_MAX = 2, 16  # type 200 + n stores n/4 index bits per weight
+N_MIN, N_MAX = 2, 32  # type 200 + n stores n/4 index bits per weight
 
 # side tensors, in the order they are attached to the MUL_MAT node (src[2 + i])
 SIDES = (

@@ -77,14 +77,15 @@ class Preset:
 PRESETS = {
     "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
     # a few more bits where a bit buys the most KL per weight (tools.sensitivity, docs/quantizer.md "Bits by kind"):
-    # the first and last blocks' ffn_down, attn_v (3 bits), and at 3 bits attn_k and attn_v (4 bits)
+    # the first and last blocks' ffn_down, attn_v (3 bits), and at 3 and 4 bits attn_k and attn_v (4 and 5 bits)
     "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256),
                    overrides=(("ffn_down@0", VPTQConfig(v=2, k=64)), ("ffn_down@-1", VPTQConfig(v=2, k=32)),
                               ("attn_v", VPTQConfig(v=2, k=64)))),
     # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
     "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64),
                    overrides=(("attn_k", VPTQConfig(v=2, k=256)), ("attn_v", VPTQConfig(v=2, k=256)))),
-    "4bit": Preset("4bit", "vptq", VPTQConfig(v=2, k=256)),
+    "4bit": Preset("4bit", "vptq", VPTQConfig(v=2, k=256),
+                   overrides=(("attn_k", VPTQConfig(v=2, k=1024)), ("attn_v", VPTQConfig(v=2, k=1024)))),
 }
 
 

@@ -17,7 +17,7 @@ extern "C" {
 // type id = GGML_VQ_TYPE_BASE + n, with n/4 index bits per weight, n in [GGML_VQ_N_MIN, GGML_VQ_N_MAX]
 #define GGML_VQ_TYPE_BASE 200
 #define GGML_VQ_N_MIN     2
-#define GGML_VQ_N_MAX     16
+#define GGML_VQ_N_MAX     32
 
 // side tensors of a VQ weight, in the order they sit in the MUL_MAT node: src[GGML_VQ_SRC_FIRST + side]
 enum ggml_vq_side {
@@ -82,7 +82,13 @@ GGML_API struct ggml_tensor * ggml_vq_attach(struct ggml_tensor * mul_mat, struc
     GGML_VQ_TYPE_TRAIT( 5, "vq1_25") GGML_VQ_TYPE_TRAIT( 6, "vq1_50") GGML_VQ_TYPE_TRAIT( 7, "vq1_75") \
     GGML_VQ_TYPE_TRAIT( 8, "vq2_00") GGML_VQ_TYPE_TRAIT( 9, "vq2_25") GGML_VQ_TYPE_TRAIT(10, "vq2_50") \
     GGML_VQ_TYPE_TRAIT(11, "vq2_75") GGML_VQ_TYPE_TRAIT(12, "vq3_00") GGML_VQ_TYPE_TRAIT(13, "vq3_25") \
-    GGML_VQ_TYPE_TRAIT(14, "vq3_50") GGML_VQ_TYPE_TRAIT(15, "vq3_75") GGML_VQ_TYPE_TRAIT(16, "vq4_00")
+    GGML_VQ_TYPE_TRAIT(14, "vq3_50") GGML_VQ_TYPE_TRAIT(15, "vq3_75") GGML_VQ_TYPE_TRAIT(16, "vq4_00") \
+    GGML_VQ_TYPE_TRAIT(17, "vq4_25") GGML_VQ_TYPE_TRAIT(18, "vq4_50") GGML_VQ_TYPE_TRAIT(19, "vq4_75") \
+    GGML_VQ_TYPE_TRAIT(20, "vq5_00") GGML_VQ_TYPE_TRAIT(21, "vq5_25") GGML_VQ_TYPE_TRAIT(22, "vq5_50") \
+    GGML_VQ_TYPE_TRAIT(23, "vq5_75") GGML_VQ_TYPE_TRAIT(24, "vq6_00") GGML_VQ_TYPE_TRAIT(25, "vq6_25") \
+    GGML_VQ_TYPE_TRAIT(26, "vq6_50") GGML_VQ_TYPE_TRAIT(27, "vq6_75") GGML_VQ_TYPE_TRAIT(28, "vq7_00") \
+    GGML_VQ_TYPE_TRAIT(29, "vq7_25") GGML_VQ_TYPE_TRAIT(30, "vq7_50") GGML_VQ_TYPE_TRAIT(31, "vq7_75") \
+    GGML_VQ_TYPE_TRAIT(32, "vq8_00")
 
 #ifdef __cplusplus
 }

@@ -308,7 +308,7 @@ static void run_case(const struct cfg * c, int quick) {
     ggml_free(ctx);
 }
 
-// (v, b1, b2) with (b1 + b2) * 4 / v an integer rate in 2..16 quarter bits
+// (v, b1, b2) with (b1 + b2) * 4 / v an integer rate in 2..32 quarter bits
 static const int layouts[][3] = {
     {4, 8, 0}, {4, 8, 4}, {4, 8, 8}, {4, 6, 2}, {4, 7, 0}, {4, 4, 4}, {4, 2, 0}, {4, 12, 0}, {4, 16, 0},
     {2, 8, 0}, {2, 3, 1}, {2, 5, 0}, {2, 8, 0},
@@ -317,6 +317,8 @@ static const int layouts[][3] = {
     {12, 8, 4}, {12, 12, 12}, {12, 9, 0}, {12, 16, 8},
     {16, 8, 0}, {16, 16, 16}, {16, 12, 4},
     {1, 2, 0}, {1, 3, 1}, {3, 6, 0}, {3, 8, 4}, {5, 10, 0}, {7, 7, 0},
+    // above 4 bits per weight
+    {2, 10, 0}, {2, 9, 0}, {2, 8, 4}, {2, 16, 0}, {1, 5, 0}, {1, 7, 1}, {1, 8, 0}, {3, 8, 7}, {4, 12, 9}, {4, 16, 8},
 };
 
 static int mode_random(int quick) {
