@@ -24,8 +24,8 @@ def harness():
     return path
 
 
-def run(args, isa, timeout=900):
-    env = dict(os.environ, GGML_VQ_ISA=isa)
+def run(args, isa, timeout=900, **env_extra):
+    env = dict(os.environ, GGML_VQ_ISA=isa, **env_extra)
     p = subprocess.run([str(harness()), *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"GGML_VQ_ISA={isa} {' '.join(map(str, args))}:\n" + "\n".join(out.splitlines()[-40:])
@@ -37,6 +37,14 @@ def test_random_weights_every_configuration(isa):
     # the best instruction set gets the full sweep, the fallbacks the quick one (every third token count)
     full = isa == ISAS[0]
     out = run(["random", 7] + ([] if full else [7, "quick"]), isa)
+    assert " 0 failed" in out
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_decx_for_the_layouts_centx_takes(isa):
+    """One token with v in {2, 4, 8} and plain weights takes centx from AVX2 up (lutx first with VBMI);
+    GGML_VQ_DECX=1 sends those calls through decx, which stays the path for the other layouts."""
+    out = run(["random", 7, "quick"], isa, GGML_VQ_DECX="1")
     assert " 0 failed" in out
 
 

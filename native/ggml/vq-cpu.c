@@ -6,7 +6,7 @@
 //
 // Paths, chosen per call from the token count, the code layout and the instruction set (never from the
 // thread count):
-//   few tokens (generation, <= VQ_FUSED_MAX_TOKENS), fused decode-and-dot:
+//   2 .. VQ_FUSED_MAX_TOKENS tokens (batched generation), fused decode-and-dot:
 //     lut   AVX-512 VBMI, K1 and K2 <= 256. Lane e of a codebook is a table of K fp16 values, split into a
 //           low-byte and a high-byte plane held in registers; 64 codes are looked up at once with byte
 //           permutes (vpermb / vpermt2b), re-interleaved into fp16, widened to f32 and multiplied with 64
@@ -15,12 +15,18 @@
 //     cent  AVX-512 (v <= 16) or AVX2 (v in {2, 4, 8}), any K: 16/v (8/v) vector rows at one input column
 //           at a time; their centroids, read as fp16 straight from the codebook, fill one vector that is
 //           widened and multiplied with the broadcast activation.
+//   one token (generation), exact: bitwise ggml_vec_dot_f32 on the reference decoder's weights
+//     lutx  AVX-512 VBMI, K1 and K2 <= 256: lut's lookups, summed in ggml_vec_dot_f32's order.
+//     centx AVX2 and up, plain weights, v in {2, 4, 8}: cent's loads from the codebooks widened to f32 once
+//           per call, each of ggml_vec_dot_f32's accumulator lanes run as its own chain.
+//     decx  anything else: rows decoded, then ggml_vec_dot_f32.
 //   many tokens (prompt processing), gemm: a tile of rows is decoded to f32 into the thread's work buffer,
 //           packed as panels of 32 (AVX-512) or 16 (AVX2) rows, and multiplied with the activations, packed
 //           once per call in blocks of 12 (6) tokens, by an outer-product register-blocked kernel.
 //   scalar: decode a tile of rows (scalar), then ggml_vec_dot_f32 per row and token (any architecture).
 //   ref:    the reference decoder ggml_vq_decode_vrow and ggml_vec_dot_f32 (the plain path, for comparison).
-// GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi caps the instruction set used (tests, benchmarks).
+// GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi caps the instruction set used (tests, benchmarks); GGML_VQ_DECX=1
+// sends every one-token call that would take centx through decx (comparisons).
 //
 // No allocation: everything lives in the work buffer that ggml_graph_plan sizes with ggml_vq_cpu_work_size.
 // Threads own disjoint, even ranges of vector rows. The only synchronisation is one barrier after the
@@ -49,6 +55,9 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define VQ_HAVE_AVX2 1
+#endif
+#if defined(VQ_HAVE_AVX2) && defined(GGML_SIMD) && defined(GGML_F32_STEP) && defined(GGML_F32_EPR) && GGML_F32_STEP % 8 == 0
+#define VQ_HAVE_CENTX 1 // ggml_vec_dot_f32's accumulators are whole 8-lane vectors (AVX2: 4 x 8, AVX-512: 4 x 16)
 #endif
 
 #if defined(_MSC_VER)
@@ -94,6 +103,18 @@ static int vq_isa(void) {
     return isa;
 }
 
+// GGML_VQ_DECX=1: one token always through decx (read once; for comparisons, docs/kernels.md)
+static bool vq_decx_only(void) {
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        const char * e = getenv("GGML_VQ_DECX");
+        v = e && strcmp(e, "1") == 0;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // geometry of one call: a function of the node and the instruction set only, shared by the plan (work
 // size) and the compute
@@ -107,6 +128,7 @@ enum vq_path {
     VQ_PATH_REF, VQ_PATH_SCALAR, VQ_PATH_CENT, VQ_PATH_LUT, VQ_PATH_GEMM,
     VQ_PATH_LUTX,   // one token, exact: lut lookups in ggml_vec_dot_f32's order on the reference weights
     VQ_PATH_DECX,   // one token, exact: decode rows (reference values), then ggml_vec_dot_f32
+    VQ_PATH_CENTX,  // one token, exact: cent loads summed in ggml_vec_dot_f32's order (plain, v in {2, 4, 8})
 };
 
 struct vq_geom {
@@ -137,6 +159,11 @@ static size_t vq_pad64(size_t n) {
 // bytes of one byte-plane table for a codebook of K entries (at least one 64-byte register)
 static int64_t vq_lut_kp(int64_t K) {
     return K < 64 ? 64 : K;
+}
+
+// centx: the codebooks widened to f32, main [G][K1][v] then residual [G][K2][v]
+static size_t vq_centx_table_bytes(const struct vq_geom * g) {
+    return (size_t) g->G * (g->K1 + (g->b2 ? g->K2 : 0)) * g->v * sizeof(float);
 }
 
 static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, int isa) {
@@ -177,10 +204,16 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     // the reference decoder's values), so that a VQ file gives exactly the logits of its decoded F32 file;
     // rounding differences would otherwise be amplified by the Q8 activations of other layers.
     const bool lutx = isa >= VQ_ISA_VBMI && g->b1 <= 8 && g->b2 <= 8 && lut_bytes <= VQ_LUT_MAX_BYTES && (!g->perm || g->G <= 16);
+#if defined(VQ_HAVE_CENTX)
+    const bool centx = !vq_decx_only() && isa >= VQ_ISA_AVX2 && g->plain && (g->v == 2 || g->v == 4 || g->v == 8) &&
+                       (g->G == 1 || g->gcols % 8 == 0) && vq_centx_table_bytes(g) <= VQ_LUT_MAX_BYTES;
+#else
+    const bool centx = false;
+#endif
     if (isa == VQ_ISA_REF) {
         g->path = VQ_PATH_REF;
     } else if (g->ntok == 1) {
-        g->path = lutx ? VQ_PATH_LUTX : VQ_PATH_DECX;
+        g->path = lutx ? VQ_PATH_LUTX : centx ? VQ_PATH_CENTX : VQ_PATH_DECX;
     } else if (isa == VQ_ISA_SCALAR) {
         g->path = VQ_PATH_SCALAR;
     } else if (!few) {
@@ -214,6 +247,9 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
                              vq_pad64((size_t) g->in * sizeof(float)); // permuted activations (last)
             break;
         }
+        case VQ_PATH_CENTX: // + decx's buffers for the last vector rows, when fewer than 8 / v are left
+            g->lut_bytes = vq_pad64(vq_centx_table_bytes(g));
+            // fall through
         case VQ_PATH_DECX:
             g->tile_bytes = (g->plain ? 1 : 2) * vq_pad64((size_t) (g->v > 8 ? g->v : 8) * g->in * sizeof(float));
             g->cbuf_bytes = 8 * VQ_CHUNK * sizeof(uint32_t); // codes of up to 8 vector rows
@@ -444,6 +480,30 @@ static void vq_unpack(const struct vq_call * c, int64_t p, int64_t j0, int64_t n
             (void) perm;
 #endif
             _mm512_storeu_si512((void *) (dst + j), _mm512_and_si512(_mm512_srlv_epi32(d, sh), mk));
+        }
+        return;
+    }
+#endif
+#if defined(VQ_HAVE_AVX2)
+    if (c->isa >= VQ_ISA_AVX2 && b <= 14 && b != 8) {
+        // 8 codes (b bytes) at a time, the same dwords as above from 16 bytes broadcast to both lanes
+        // (byte (7b)/8 + 3 < 16 for b <= 14)
+        const __m256i perm = _mm256_loadu_si256((const __m256i *) c->up_perm);
+        const __m256i sh   = _mm256_loadu_si256((const __m256i *) c->up_shift);
+        const __m256i mk   = _mm256_set1_epi32((int) ((1u << b) - 1));
+        const uint8_t * end = c->L.codes + c->code_bytes;
+        for (int64_t j = 0; j < n; j += 8) {
+            const uint8_t * src = stream + (j0 + j) / 8 * b;
+            __m128i raw;
+            if (src + 16 <= end) {
+                raw = _mm_loadu_si128((const __m128i *) src);
+            } else {
+                uint8_t tmp[16] = { 0 };
+                memcpy(tmp, src, (size_t) (end - src < 16 ? end - src : 16));
+                raw = _mm_loadu_si128((const __m128i *) tmp);
+            }
+            const __m256i d = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(raw), perm);
+            _mm256_storeu_si256((__m256i *) (dst + j), _mm256_and_si256(_mm256_srlv_epi32(d, sh), mk));
         }
         return;
     }
@@ -1418,6 +1478,152 @@ static void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// centx: one token, exact, plain weights with v in {2, 4, 8}: cent's loads (8 / v vector rows at one column
+// fill one vector of 8 output rows, no transposes) summed as ggml_vec_dot_f32 sums. That function gives
+// column j of a row to accumulator lane j mod GGML_F32_STEP, one fused multiply-add per block of
+// GGML_F32_STEP columns in turn, then reduces the lanes (GGML_F32_VEC_REDUCE) and adds the products of the
+// leftover columns one by one. Each lane is its own chain, so the chains can be run 8 at a time: 8
+// accumulators (chains q0 .. q0 + 7, each holding the 8 rows) take their column of every block of a chunk
+// of codes; the chains wait in memory between chunks, are transposed to rows at the end and reduced with
+// ggml's own macro. Every product meets its chain in the same order as in ggml_vec_dot_f32.
+
+#if defined(VQ_HAVE_CENTX)
+
+// V f32 values of centroid q of table T in lanes 4 h .. (V = 2, 4) or 0 .. 7 (V = 8)
+static VQ_ALWAYS_INLINE __m128 vq_centx_load2x2(const float * T, uint32_t q0, uint32_t q1) {
+    return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *) (T + 2 * (size_t) q0))), (const __m64 *) (T + 2 * (size_t) q1));
+}
+
+// the 8 rows' weights at one column: codes cb[k * VQ_CHUNK] of vector rows k < 8 / V, centroids from the
+// f32 tables T1 (main) and T2 (residual) of the column's group
+static VQ_ALWAYS_INLINE __m256 vq_centx_w(const uint32_t * cb, const float * T1, const float * T2, uint32_t m1, int b1,
+                                          const int V, const bool RES) {
+    uint32_t q[4], r[4];
+    for (int k = 0; k < 8 / V; ++k) {
+        const uint32_t code = cb[k * VQ_CHUNK];
+        q[k] = RES ? code & m1 : code; // without a residual a code is b1 bits
+        r[k] = RES ? code >> b1 : 0;
+    }
+    __m256 w, u = _mm256_setzero_ps();
+    if (V == 8) {
+        w = _mm256_loadu_ps(T1 + 8 * (size_t) q[0]);
+        if (RES) {
+            u = _mm256_loadu_ps(T2 + 8 * (size_t) r[0]);
+        }
+    } else if (V == 4) {
+        w = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(T1 + 4 * (size_t) q[0])), _mm_loadu_ps(T1 + 4 * (size_t) q[1]), 1);
+        if (RES) {
+            u = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(T2 + 4 * (size_t) r[0])), _mm_loadu_ps(T2 + 4 * (size_t) r[1]), 1);
+        }
+    } else {
+        w = _mm256_insertf128_ps(_mm256_castps128_ps256(vq_centx_load2x2(T1, q[0], q[1])), vq_centx_load2x2(T1, q[2], q[3]), 1);
+        if (RES) {
+            u = _mm256_insertf128_ps(_mm256_castps128_ps256(vq_centx_load2x2(T2, r[0], r[1])), vq_centx_load2x2(T2, r[2], r[3]), 1);
+        }
+    }
+    return RES ? _mm256_add_ps(w, u) : w;
+}
+
+static VQ_ALWAYS_INLINE void vq_centx8_impl(const struct vq_call * c, int64_t p, const float * T, uint32_t * cbuf,
+                                            const int V, const bool RES, const bool G1) {
+    enum { STEP = GGML_F32_STEP };
+    const int R = 8 / V;
+    const int64_t in = c->g.in, gcols = c->g.gcols, np = in & ~(int64_t) (STEP - 1);
+    const uint32_t m1 = (uint32_t) (c->g.K1 - 1);
+    const int b1 = c->g.b1;
+    const float * x = vq_src_row(c, 0);
+    __m256 chain[STEP];             // chain[q]: lane q of ggml_vec_dot_f32's accumulators, for the 8 rows
+    float  left[(STEP - 1) * 8];    // products of the leftover columns [np, in), 8 rows each
+    for (int q = 0; q < STEP; ++q) {
+        chain[q] = _mm256_setzero_ps();
+    }
+    for (int64_t j0 = 0; j0 < in; j0 += VQ_CHUNK) {
+        const int64_t n = MIN(VQ_CHUNK, in - j0), je = MIN(j0 + n, np);
+        for (int k = 0; k < R; ++k) {
+            vq_unpack(c, p + k, j0, n, cbuf + k * VQ_CHUNK);
+        }
+        for (int q0 = 0; q0 < STEP; q0 += 8) {
+            __m256 acc[8];
+            for (int i = 0; i < 8; ++i) {
+                acc[i] = chain[q0 + i];
+            }
+            for (int64_t js = j0 + q0; js < je; js += STEP) {
+                const int64_t g = G1 ? 0 : js / gcols; // 8 columns never straddle groups (gcols % 8 == 0)
+                const float * T1 = T + g * c->g.K1 * V;
+                const float * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
+                const uint32_t * cb = cbuf + (js - j0);
+                for (int i = 0; i < 8; ++i) {
+                    acc[i] = _mm256_fmadd_ps(vq_centx_w(cb + i, T1, T2, m1, b1, V, RES), _mm256_broadcast_ss(x + js + i), acc[i]);
+                }
+            }
+            for (int i = 0; i < 8; ++i) {
+                chain[q0 + i] = acc[i];
+            }
+        }
+        for (int64_t j = MAX(j0, np); j < j0 + n; ++j) {
+            const int64_t g = j / gcols;
+            const float * T1 = T + g * c->g.K1 * V;
+            const float * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
+            _mm256_storeu_ps(left + (j - np) * 8, _mm256_mul_ps(vq_centx_w(cbuf + (j - j0), T1, T2, m1, b1, V, RES), _mm256_set1_ps(x[j])));
+        }
+    }
+    float rows[8][STEP];
+    for (int q0 = 0; q0 < STEP; q0 += 8) {
+        vq_transpose8(chain + q0);
+        for (int k = 0; k < 8; ++k) {
+            _mm256_storeu_ps(rows[k] + q0, chain[q0 + k]);
+        }
+    }
+    float * y = vq_y_row(c, 0) + p * V;
+    for (int k = 0; k < 8; ++k) {
+        GGML_F32_VEC sum[GGML_F32_ARR];
+        for (int a = 0; a < GGML_F32_ARR; ++a) {
+            sum[a] = GGML_F32_VEC_LOAD(rows[k] + a * GGML_F32_EPR);
+        }
+        float sumf = 0.0f;
+        GGML_F32_VEC_REDUCE(sumf, sum);
+        for (int64_t j = np; j < in; ++j) {
+            sumf += left[(j - np) * 8 + k];
+        }
+        y[k] = sumf;
+    }
+}
+
+static void vq_centx8(const struct vq_call * c, int64_t p, const float * T, uint32_t * cbuf) {
+    const int v = c->g.v;
+    const bool res = c->L.res_codebook != NULL;
+    const bool g1 = c->g.G == 1;
+#define VQ_CX_CASE(V, RES, G1) if (v == V && res == RES && g1 == G1) { vq_centx8_impl(c, p, T, cbuf, V, RES, G1); return; }
+#define VQ_CX_CASES(G1) VQ_CX_CASE(2, false, G1) VQ_CX_CASE(4, false, G1) VQ_CX_CASE(8, false, G1) \
+                        VQ_CX_CASE(2, true, G1)  VQ_CX_CASE(4, true, G1)  VQ_CX_CASE(8, true, G1)
+    VQ_CX_CASES(true) VQ_CX_CASES(false)
+#undef VQ_CX_CASES
+#undef VQ_CX_CASE
+    GGML_ABORT("vq centx8: v=%d", v);
+}
+
+// rows [p0, p1) of one token: 8 / v vector rows at a time, decx for the last few
+static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float * T, float * tile, uint32_t * cbuf) {
+    const int64_t R = 8 / c->g.v;
+    const int64_t n1 = c->g.G * c->g.K1 * c->g.v, n2 = c->g.b2 ? c->g.G * c->g.K2 * c->g.v : 0;
+    for (int64_t i = 0; i < n1; ++i) {
+        T[i] = GGML_CPU_FP16_TO_FP32(c->L.codebook[i]);
+    }
+    for (int64_t i = 0; i < n2; ++i) {
+        T[n1 + i] = GGML_CPU_FP16_TO_FP32(c->L.res_codebook[i]);
+    }
+    int64_t p = p0;
+    for (; p + R <= p1; p += R) {
+        vq_centx8(c, p, T, cbuf);
+    }
+    if (p < p1) {
+        vq_decx_rows(c, p, p1, tile, cbuf);
+    }
+}
+
+#endif // VQ_HAVE_CENTX
+
+// ---------------------------------------------------------------------------------------------------------
 // gemm path: decoded panels of mr rows ([in][mr], row-contiguous per column) times packed activations
 // ([in][nr] per block of nr tokens), outer-product form: each output is one f32 accumulator summed over the
 // columns in order, the same whatever the panel, block or thread it falls in
@@ -1719,6 +1925,12 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
             vq_decx_rows(&c, p0, p1, tile, cbuf);
             return; // exact: the weights already hold the norm, outliers and row scale
         }
+#if defined(VQ_HAVE_CENTX)
+        case VQ_PATH_CENTX: {
+            vq_centx_rows(&c, p0, p1, (float *) tab1, tile, cbuf);
+            return; // exact, plain weights: no epilogue
+        }
+#endif
         case VQ_PATH_SCALAR: {
             uint32_t codes[VQ_CHUNK];
             for (int64_t p = p0; p < p1; p += g->tile_vrows) {
