@@ -51,6 +51,23 @@ def test_lloyd_on_a_sample_assigns_every_row():
     assert cost(X, C, w) < 1.05 * full
 
 
+def test_the_sample_keeps_rare_large_rows():
+    # 100 000 rows of standard deviation 0.1 and three far outliers, Lloyd on 4096 rows: a uniform draw keeps
+    # each outlier with probability 4 %, the stratified sample keeps all three, and each gets its own centroid
+    g = torch.Generator().manual_seed(6)
+    X = 0.1 * torch.randn(100_000, 2, generator=g)
+    far = torch.tensor([[-9.0, 0.0], [0.0, 6.0], [5.0, 5.0]])
+    X[[11, 5000, 77_777]] = far
+    lane_w = torch.rand(100_000, 2, generator=g) + 0.5
+    for weights in (None, lane_w):
+        C, a = kmeans(X, 32, weights, seed=0, max_points=4096)
+        assert torch.allclose(C[a[[11, 5000, 77_777]]], far, atol=1e-3)
+        C0, a0 = kmeans(X, 32, weights, seed=0, max_points=4096, tail_points=0)     # the uniform draw
+        assert (C0[a0[[11, 5000, 77_777]]] - far).norm(dim=1).max() > 3
+    # the rest of the sample is weighted up: the bulk's centroids stay as good as a uniform draw's
+    assert cost(X[100:], C, torch.ones(len(X) - 100)) < 1.1 * cost(X[100:], C0, torch.ones(len(X) - 100))
+
+
 def test_draw_follows_the_weights_and_never_picks_a_zero():
     gen = torch.Generator().manual_seed(5)
     p = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0])

@@ -61,13 +61,16 @@ def kmeans_pp(X: torch.Tensor, w: torch.Tensor, k: int, gen: torch.Generator) ->
 
 def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iters: int = 25,
            seed: int = 0, tol: float = 1e-6, max_seed_points: int = 1 << 16,
-           max_points: int = 1 << 16) -> tuple[torch.Tensor, torch.Tensor]:
+           max_points: int = 1 << 16, tail_points: int = 1 << 10) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted Lloyd iterations; returns (centroids [k, v], assignment [n] of every row).
 
     Minimises Σ_i w_i ‖x_i − c_{a(i)}‖², or with lane weights [n, v] Σ_i Σ_e w_ie (x_ie − c_{a(i)e})². Seeding
-    runs on at most max_seed_points rows (chosen by weight), the Lloyd passes on at most max_points rows drawn
-    uniformly (each pass is memory-bound on its n × k distances: 2¹⁶ rows are 256 per centroid at k = 256, and a
-    third of a 576 × 1536 weight's vectors at v = 4). Empty clusters are re-seeded with the points that
+    runs on at most max_seed_points rows (chosen by weight), the Lloyd passes on at most max_points rows
+    (each pass is memory-bound on its n × k distances: 2¹⁶ rows are 256 per centroid at k = 256, and a third of
+    a 576 × 1536 weight's vectors at v = 4). The sample is stratified: the tail_points rows farthest from the
+    weighted mean (weighted squared distance) always, the rest drawn uniformly and weighted up by the ratio
+    drawn, so that the rare large weights a uniform draw mostly misses (a −9.25 among weights of standard
+    deviation 0.11) can get centroids of their own. Empty clusters are re-seeded with the points that
     currently cost the most.
     """
     X = X.to(torch.float32)
@@ -80,12 +83,23 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
     if n <= k:
         C = torch.cat([X, X[torch.randint(n, (k - n,), generator=gen)]]) if n < k else X.clone()
         return C, nearest(X, C, lane_all)[0]
+    m = 0
     if n > max_points:
-        pick = torch.randperm(n, generator=gen)[:max_points]
-        X, w, n = X[pick], w[pick], max_points
+        m = min(tail_points, max_points // 2)
+        W = w if lane_all is not None else w[:, None]
+        tail = torch.topk((W * (X - (W * X).sum(0) / W.sum(0).clamp_min(1e-30)) ** 2).sum(1), m).indices
+        rest = torch.ones(n, dtype=torch.bool)
+        rest[tail] = False
+        rest = rest.nonzero().flatten()
+        pick = torch.cat([tail, rest[torch.randperm(len(rest), generator=gen)[:max_points - m]]])
+        up = torch.cat([torch.ones(m), torch.full((max_points - m,), len(rest) / (max_points - m))])
+        X, w, n = X[pick], w[pick] * (up[:, None] if w.dim() == 2 else up), max_points
     lane_w = w if lane_all is not None else None
     W = w if lane_w is not None else w[:, None].expand_as(X)
-    sub = torch.multinomial(W.sum(1), max_seed_points, replacement=False, generator=gen) if n > max_seed_points else torch.arange(n)
+    if n > max_seed_points:  # the tail (rows [0, m)) and a draw by weight from the rest
+        sub = torch.cat([torch.arange(m), m + torch.multinomial(W[m:].sum(1), max_seed_points - m, replacement=False, generator=gen)])
+    else:
+        sub = torch.arange(n)
     C = kmeans_pp(X[sub], W[sub], k, gen)
 
     prev = float("inf")
