@@ -1489,9 +1489,17 @@ static void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float
 
 #if defined(VQ_HAVE_CENTX)
 
-// V f32 values of centroid q of table T in lanes 4 h .. (V = 2, 4) or 0 .. 7 (V = 8)
-static VQ_ALWAYS_INLINE __m128 vq_centx_load2x2(const float * T, uint32_t q0, uint32_t q1) {
-    return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *) (T + 2 * (size_t) q0))), (const __m64 *) (T + 2 * (size_t) q1));
+// the 8 / V centroids q[0 .. 8/V) of the f32 table T (V values each) side by side in one vector
+static VQ_ALWAYS_INLINE __m256 vq_centx_load(const float * T, const uint32_t * q, const int V) {
+    if (V == 8) {
+        return _mm256_loadu_ps(T + 8 * (size_t) q[0]);
+    }
+    if (V == 4) {
+        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(T + 4 * (size_t) q[0])), _mm_loadu_ps(T + 4 * (size_t) q[1]), 1);
+    }
+    const __m128 lo = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *) (T + 2 * (size_t) q[0]))), (const __m64 *) (T + 2 * (size_t) q[1]));
+    const __m128 hi = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *) (T + 2 * (size_t) q[2]))), (const __m64 *) (T + 2 * (size_t) q[3]));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 
 // the 8 rows' weights at one column: codes cb[k * VQ_CHUNK] of vector rows k < 8 / V, centroids from the
@@ -1504,24 +1512,8 @@ static VQ_ALWAYS_INLINE __m256 vq_centx_w(const uint32_t * cb, const float * T1,
         q[k] = RES ? code & m1 : code; // without a residual a code is b1 bits
         r[k] = RES ? code >> b1 : 0;
     }
-    __m256 w, u = _mm256_setzero_ps();
-    if (V == 8) {
-        w = _mm256_loadu_ps(T1 + 8 * (size_t) q[0]);
-        if (RES) {
-            u = _mm256_loadu_ps(T2 + 8 * (size_t) r[0]);
-        }
-    } else if (V == 4) {
-        w = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(T1 + 4 * (size_t) q[0])), _mm_loadu_ps(T1 + 4 * (size_t) q[1]), 1);
-        if (RES) {
-            u = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(T2 + 4 * (size_t) r[0])), _mm_loadu_ps(T2 + 4 * (size_t) r[1]), 1);
-        }
-    } else {
-        w = _mm256_insertf128_ps(_mm256_castps128_ps256(vq_centx_load2x2(T1, q[0], q[1])), vq_centx_load2x2(T1, q[2], q[3]), 1);
-        if (RES) {
-            u = _mm256_insertf128_ps(_mm256_castps128_ps256(vq_centx_load2x2(T2, r[0], r[1])), vq_centx_load2x2(T2, r[2], r[3]), 1);
-        }
-    }
-    return RES ? _mm256_add_ps(w, u) : w;
+    const __m256 w = vq_centx_load(T1, q, V);
+    return RES ? _mm256_add_ps(w, vq_centx_load(T2, r, V)) : w;
 }
 
 static VQ_ALWAYS_INLINE void vq_centx8_impl(const struct vq_call * c, int64_t p, const float * T, uint32_t * cbuf,
