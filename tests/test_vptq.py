@@ -148,6 +148,18 @@ def test_shared_codebook_refit_lowers_error():
     assert total(2) < 0.99 * total(0)                   # 2.7 % with 12 Lloyd passes (over 3 % when k-means stopped after one)
 
 
+def test_shared_codebook_keeps_a_rare_large_vector():
+    """One vector of 40 standard deviations (in a strong input column) among 6144: the Lloyd passes run on
+    512 of them, and the sample keeps the farthest ones, so the rare vector gets a centroid and is decoded
+    close to its value (a uniform draw of 512 leaves it out 11 times in 12: decoded as 1.3)."""
+    layers = [layer(seed=40 + s) for s in range(3)]
+    layers[1][0][8:12, 1] = 2.0
+    cfg = VPTQConfig(v=4, k=16)
+    C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg, max_points=512)
+    Wq = dequantize(VPTQ(*layers[1], cfg, codebook=C).quantize())
+    assert np.abs(Wq[8:12, 1] - 2.0).max() < 0.2
+
+
 def test_shared_codebook_is_refused_with_residual_or_groups():
     W, H = layer()
     C = torch.zeros(1, 16, 4)

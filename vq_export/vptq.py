@@ -307,9 +307,10 @@ class VPTQ:
 
 def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch.Tensor:
     """One [1, k, v] codebook for several weights (format.md 4.1): Hessian-weighted k-means over their vectors
-    (normalized as cfg says; at most max_points of them, drawn uniformly, which keeps k = 4096 over 30 tensors
-    to minutes), then cfg.refit_rounds rounds of second-order assignment of each weight with the centroids
-    moved to the weighted mean of the error-compensated targets assigned to them (all vectors).
+    (normalized as cfg says; Lloyd passes on a sample of max_points of them, which keeps k = 4096 over 30
+    tensors to minutes, stratified as `kmeans` does with the 1024 farthest vectors per weight always in it),
+    then cfg.refit_rounds rounds of second-order assignment of each weight with the centroids moved to the
+    weighted mean of the error-compensated targets assigned to them (all vectors).
     `layers()` yields a fresh VPTQ per weight each time it is called, so only one Hessian is held at once."""
     v = cfg.v
 
@@ -318,11 +319,9 @@ def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch
         return X, (w if w.dim() == 2 else w[:, None].expand_as(X))
 
     X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in _prepared(layers())))
-    X, w = torch.cat(X), torch.cat(w)
-    if len(X) > max_points:
-        pick = torch.randperm(len(X), generator=torch.Generator().manual_seed(cfg.seed))[:max_points]
-        X, w = X[pick], w[pick]
-    C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points)[0])[None]
+    n_weights, X, w = len(X), torch.cat(X), torch.cat(w)
+    C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
+                   tail_points=1024 * n_weights)[0])[None]
     del X, w
     for _ in range(cfg.refit_rounds):
         S, N = torch.zeros(cfg.k, v, dtype=torch.float64), torch.zeros(cfg.k, v, dtype=torch.float64)
