@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 CHUNK = 1 << 24  # entries of the distance matrix computed at once (64 MiB)
+TAIL_POINTS = 1 << 10  # rows farthest from the weighted mean always in the Lloyd sample (see kmeans)
 
 
 def nearest(X: torch.Tensor, C: torch.Tensor, lane_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +62,7 @@ def kmeans_pp(X: torch.Tensor, w: torch.Tensor, k: int, gen: torch.Generator) ->
 
 def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iters: int = 25,
            seed: int = 0, tol: float = 1e-6, max_seed_points: int = 1 << 16,
-           max_points: int = 1 << 16, tail_points: int = 1 << 10) -> tuple[torch.Tensor, torch.Tensor]:
+           max_points: int = 1 << 16, tail_points: int = TAIL_POINTS) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted Lloyd iterations; returns (centroids [k, v], assignment [n] of every row).
 
     Minimises Σ_i w_i ‖x_i − c_{a(i)}‖², or with lane weights [n, v] Σ_i Σ_e w_ie (x_ie − c_{a(i)e})². Seeding

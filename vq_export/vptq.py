@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .kmeans import centroid_terms, kmeans, nearest, nearest_in
+from .kmeans import TAIL_POINTS, centroid_terms, kmeans, nearest, nearest_in
 from .vqtensor import VQTensor
 
 
@@ -308,7 +308,7 @@ class VPTQ:
 def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch.Tensor:
     """One [1, k, v] codebook for several weights (format.md 4.1): Hessian-weighted k-means over their vectors
     (normalized as cfg says; Lloyd passes on a sample of max_points of them, which keeps k = 4096 over 30
-    tensors to minutes, stratified as `kmeans` does with the 1024 farthest vectors per weight always in it),
+    tensors to minutes, stratified as `kmeans` does with its TAIL_POINTS farthest vectors per weight always in it),
     then cfg.refit_rounds rounds of second-order assignment of each weight with the centroids moved to the
     weighted mean of the error-compensated targets assigned to them (all vectors).
     `layers()` yields a fresh VPTQ per weight each time it is called, so only one Hessian is held at once."""
@@ -321,7 +321,7 @@ def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch
     X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in _prepared(layers())))
     n_weights, X, w = len(X), torch.cat(X), torch.cat(w)
     C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
-                   tail_points=1024 * n_weights)[0])[None]
+                   tail_points=TAIL_POINTS * n_weights)[0])[None]
     del X, w
     for _ in range(cfg.refit_rounds):
         S, N = torch.zeros(cfg.k, v, dtype=torch.float64), torch.zeros(cfg.k, v, dtype=torch.float64)
