@@ -62,8 +62,9 @@ def kmeans_pp(X: torch.Tensor, w: torch.Tensor, k: int, gen: torch.Generator) ->
 
 def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iters: int = 25,
            seed: int = 0, tol: float = 1e-6, max_seed_points: int = 1 << 16,
-           max_points: int = 1 << 16, tail_points: int = TAIL_POINTS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted Lloyd iterations; returns (centroids [k, v], assignment [n] of every row).
+           max_points: int = 1 << 16, tail_points: int = TAIL_POINTS) -> torch.Tensor:
+    """Weighted Lloyd iterations; returns the centroids [k, v] (callers assign with `nearest`, most of them to a
+    rounded codebook or inside the second-order pass).
 
     Minimises Σ_i w_i ‖x_i − c_{a(i)}‖², or with lane weights [n, v] Σ_i Σ_e w_ie (x_ie − c_{a(i)e})². Seeding
     runs on at most max_seed_points rows (chosen by weight), the Lloyd passes on at most max_points rows
@@ -80,14 +81,12 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
     if w.sum() <= 0:
         w = torch.ones_like(w)
     gen = torch.Generator().manual_seed(seed)
-    Xall, lane_all = X, (w if w.dim() == 2 else None)   # per-lane weights need the weighted distance
     if n <= k:
-        C = torch.cat([X, X[torch.randint(n, (k - n,), generator=gen)]]) if n < k else X.clone()
-        return C, nearest(X, C, lane_all)[0]
+        return torch.cat([X, X[torch.randint(n, (k - n,), generator=gen)]]) if n < k else X.clone()
     m = 0
     if n > max_points:
         m = min(tail_points, max_points // 2)
-        W = w if lane_all is not None else w[:, None]
+        W = w if w.dim() == 2 else w[:, None]
         tail = torch.topk((W * (X - (W * X).sum(0) / W.sum(0).clamp_min(1e-30)) ** 2).sum(1), m).indices
         rest = torch.ones(n, dtype=torch.bool)
         rest[tail] = False
@@ -95,7 +94,7 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
         pick = torch.cat([tail, rest[torch.randperm(len(rest), generator=gen)[:max_points - m]]])
         up = torch.cat([torch.ones(m), torch.full((max_points - m,), len(rest) / (max_points - m))])
         X, w, n = X[pick], w[pick] * (up[:, None] if w.dim() == 2 else up), max_points
-    lane_w = w if lane_all is not None else None
+    lane_w = w if w.dim() == 2 else None              # per-lane weights need the weighted distance
     W = w if lane_w is not None else w[:, None].expand_as(X)
     if n > max_seed_points:  # the tail (rows [0, m)) and a draw by weight from the rest
         sub = torch.cat([torch.arange(m), m + torch.multinomial(W[m:].sum(1), max_seed_points - m, replacement=False, generator=gen)])
@@ -118,4 +117,4 @@ def kmeans(X: torch.Tensor, k: int, weights: torch.Tensor | None = None, *, iter
         if cost >= prev * (1 - tol):                    # converged (the first pass always goes on)
             break
         prev = cost
-    return C, nearest(Xall, C, lane_all)[0]
+    return C

@@ -97,8 +97,7 @@ def to_vectors(W: torch.Tensor, v: int) -> torch.Tensor:
 
 def fit_codebook(X: torch.Tensor, k: int, iters: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """k-means, then the codebook rounded to F16 (as stored) and the vectors re-assigned to it."""
-    C, _ = kmeans(X, k, iters=iters, seed=seed)
-    C = C.to(torch.float16).to(torch.float32)
+    C = kmeans(X, k, iters=iters, seed=seed).to(torch.float16).to(torch.float32)
     return C, nearest(X, C)[0]
 
 

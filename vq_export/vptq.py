@@ -145,7 +145,7 @@ class VPTQ:
         for g in range(cfg.groups):
             cols = (self.gp == g).nonzero().flatten()
             X = self._vectors(Wp[:, cols], cfg.v)
-            books.append(kmeans(X, k, self._weights(cols, cfg.v), iters=cfg.kmeans_iters, seed=seed + 16 * g)[0])
+            books.append(kmeans(X, k, self._weights(cols, cfg.v), iters=cfg.kmeans_iters, seed=seed + 16 * g))
         return f16(torch.stack(books))
 
     # --- the second-order assignment loop -----------------------------------------------------------
@@ -268,7 +268,7 @@ class VPTQ:
                                  for j in range(n_out)], 1)
             err = (Wp[:, :n_out] - first) / self.ounit[:n_out]
             O = f16(kmeans(self._vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out), cfg.v0),
-                           iters=cfg.kmeans_iters, seed=cfg.seed + 2)[0])
+                           iters=cfg.kmeans_iters, seed=cfg.seed + 2))
         codes, rcodes, ocodes, Q, target = self._assign(C, None, O, n_out)
         if cfg.k_res:
             R = self._grouped_kmeans(target - Q, cfg.k_res, cfg.seed + 1)
@@ -321,7 +321,7 @@ def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch
     X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in _prepared(layers())))
     n_weights, X, w = len(X), torch.cat(X), torch.cat(w)
     C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
-                   tail_points=TAIL_POINTS * n_weights)[0])[None]
+                   tail_points=TAIL_POINTS * n_weights))[None]
     del X, w
     for _ in range(cfg.refit_rounds):
         S, N = torch.zeros(cfg.k, v, dtype=torch.float64), torch.zeros(cfg.k, v, dtype=torch.float64)
