@@ -116,6 +116,7 @@ struct ggml_vq_layout {
     const int32_t     * perm;
     const float       * col_norm;
     const float       * row_scale;
+    const ggml_fp16_t * row_scale_f16;
     const int32_t     * outlier_cols;
     const int16_t     * outlier_idx;
     const ggml_fp16_t * outlier_codebook;

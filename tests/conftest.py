@@ -43,7 +43,7 @@ def quantize_with_all_sides(W: np.ndarray, cfg: VQConfig, groups: int, rng: np.r
     perm = rng.permutation(in_features).astype(np.int32)
     scale = rng.uniform(0.5, 1.5, in_features).astype(np.float32)
     bias = rng.normal(0, 0.002, in_features).astype(np.float32)
-    u = rng.uniform(0.8, 1.2, out_features).astype(np.float32)
+    u = rng.uniform(0.8, 1.2, out_features).astype(np.float16)
     t = quantize_linear((W[:, perm] / u[:, None] - bias) / scale, cfg, seed=3)
     t.perm, t.col_norm, t.row_scale = perm, np.stack([scale, bias]), u
     n_o, v0, k0 = 3, 4, 16

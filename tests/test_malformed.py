@@ -47,14 +47,17 @@ def test_malformed_file(case, tmp_path, vq_load):
             assert word in str(e.value)
 
 
-@pytest.mark.parametrize("field", ["codebook", "res_codebook", "col_norm", "row_scale", "outlier_codebook"])
-def test_vq_check_data_refuses_non_finite_values(field):
+@pytest.mark.parametrize("field,dtype", [("codebook", None), ("res_codebook", None), ("col_norm", None),
+                                         ("row_scale", np.float16), ("row_scale", np.float32), ("outlier_codebook", None)])
+def test_vq_check_data_refuses_non_finite_values(field, dtype):
     """Tools that load without llama.cpp's data check (llama-cli, llama-perplexity) rely on ggml_vq_check_data."""
     from tests.native import c_check_data
     from tools import tiny_model
     t = tiny_model.vq_tensors()[malformed.Q]
+    arr = getattr(t, field).astype(dtype or getattr(t, field).dtype)
+    setattr(t, field, arr)
     assert c_check_data(t) is None
-    arr = getattr(t, field).copy()
+    arr = arr.copy()
     arr.flat[3] = np.inf
     setattr(t, field, arr)
     assert f"vq_{field}: value" in c_check_data(t) and "NaN or infinite" in c_check_data(t)

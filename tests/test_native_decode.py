@@ -35,6 +35,17 @@ def test_every_format_feature(feature_files):
         assert_same_decode(t, name)
 
 
+def test_row_scale_f16_and_f32_decode_alike(feature_files):
+    """Files write F16 row scales; those of older files are F32. Both decode to the same weights."""
+    _, _, written = feature_files
+    t = written["blk.0.ffn_down.weight"]
+    assert t.row_scale.dtype == np.float16
+    t32 = VQTensor(**{**t.__dict__, "row_scale": t.row_scale.astype(np.float32)})
+    assert_same_decode(t, "F16 row scale")
+    assert_same_decode(t32, "F32 row scale")
+    np.testing.assert_array_equal(c_dequantize(t32), c_dequantize(t))
+
+
 def test_decoded_weights_are_close_to_source(ffn_down_file, src):
     # a sanity bound on the quantizer: 2-bit k-means error is large but far below the weights themselves
     for name, t in list(vq_tensors(ffn_down_file).items())[:3]:

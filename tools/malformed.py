@@ -252,7 +252,9 @@ def corpus() -> list[Case]:
         Case("permutation too short", tiny(Q, edit=replace_side("vq_perm", lambda a: a[:32])), (Q, "permutation")),
         Case("permutation of type F32", tiny(Q, edit=replace_side("vq_perm", lambda a: a.astype(np.float32))), (Q, "permutation")),
         Case("column norm with one row", tiny(Q, edit=replace_side("vq_col_norm", lambda a: a[:1])), (Q, "column norm")),
-        Case("row scale too long", tiny(D, edit=replace_side("vq_row_scale", lambda a: np.ones(65, np.float32))), (D, "row scale")),
+        Case("row scale too long", tiny(D, edit=replace_side("vq_row_scale", lambda a: np.ones(65, np.float16))), (D, "row scale")),
+        Case("row scale as I32", tiny(D, edit=replace_side("vq_row_scale", lambda a: np.ones(len(a), np.int32))), (D, "row scale")),
+        Case("row scale as F32 (files before F16 row scales)", tiny(D, edit=replace_side("vq_row_scale", lambda a: a.astype(np.float32))), None),
         Case("outlier indices missing", tiny(Q, edit=replace_side("vq_outlier_idx", lambda a: None)), (Q, "outliers need")),
         Case("outlier codebook missing", tiny(Q, edit=replace_side("vq_outlier_codebook", lambda a: None)), (Q, "outliers need")),
         Case("outlier indices of the wrong shape", tiny(Q, edit=replace_side("vq_outlier_idx", lambda a: a[:, :-1])), (Q, "outlier indices")),
@@ -264,7 +266,7 @@ def corpus() -> list[Case]:
         # (refused by llama.cpp's data check when the loader runs it, which the runtime does, else by ggml_vq_check_data)
         *[Case(f"{what} in {suffix}", raw(set_data(side(w, suffix), val, 5)), (w.removesuffix(".weight"), suffix))
           for w, suffix, vals in ((Q, cb, (NAN16, INF16)), (Q, rcb, (NAN16, INF16)), (D, "vq_col_norm", (NAN32, INF32)),
-                                  (Q, "vq_row_scale", (NAN32, INF32)), (D, "vq_outlier_codebook", (NAN16, INF16)))
+                                  (Q, "vq_row_scale", (NAN16, INF16)), (D, "vq_outlier_codebook", (NAN16, INF16)))
           for what, val in zip(("NaN", "Inf"), vals)],
         Case("Inf in the column bias row", raw(set_data(side(Q, "vq_col_norm"), INF32, 64 + 3)), ("blk.0.attn_q", "vq_col_norm")),
         Case("NaN in the token embedding", raw(set_data("token_embd.weight", NAN32, 70)), ("token_embd.weight",)),

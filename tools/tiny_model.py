@@ -94,7 +94,7 @@ def vq_tensor(name: str, rng: np.random.Generator) -> VQTensor:
         v0, k0, n_o = 2, 8, 3
         t.perm = rng.permutation(in_features).astype(np.int32)
         t.col_norm = np.stack([rng.uniform(0.5, 1.5, in_features), rng.normal(0, 0.01, in_features)]).astype(np.float32)
-        t.row_scale = rng.uniform(0.8, 1.2, out_features).astype(np.float32)
+        t.row_scale = rng.uniform(0.8, 1.2, out_features).astype(np.float16)
         t.outlier_cols = rng.choice(in_features, n_o, replace=False).astype(np.int32)
         t.outlier_idx = rng.integers(0, k0, (n_o, out_features // v0)).astype(np.int16)
         t.outlier_codebook = rng.normal(0, 0.05, (k0, v0)).astype(np.float16)

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations")
     p.add_argument("--row-scales", action="store_true", help="train a scale per output channel too (added where "
-                   "FILE has none: +32 bits a row, format.md §5)")
+                   "FILE has none: +16 bits a row, format.md §5)")
     p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("inspect", help="show a GGUF's tensors, VQ geometry and bits per weight")

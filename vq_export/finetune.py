@@ -87,7 +87,7 @@ class VQWeight(torch.nn.Module):
         if self.O is not None:
             t.outlier_codebook = self.O.detach().cpu().to(torch.float16).numpy()
         if isinstance(self.row_scale, torch.nn.Parameter):
-            t.row_scale = self.row_scale.detach().cpu().numpy().astype(np.float32)
+            t.row_scale = self.row_scale.detach().cpu().to(torch.float16).numpy()
 
 
 @dataclass

@@ -98,7 +98,7 @@ class VPTQ:
         W[:, dead] = 0
         self.u = self.s = self.t = self.lanes = None
         if cfg.row_scale:
-            self.u = W.pow(2).mean(1).sqrt()
+            self.u = W.pow(2).mean(1).sqrt().half().float()           # the F16 value the file stores
             self.u[self.u == 0] = 1
             W = W / self.u[:, None]
             self.lanes = self.u ** 2                                 # [out]: the weight of each row's error
@@ -297,7 +297,7 @@ class VPTQ:
         if self.s is not None:
             t.col_norm = torch.stack([self.s, self.t]).numpy().astype(np.float32)
         if self.u is not None:
-            t.row_scale = self.u.numpy().astype(np.float32)
+            t.row_scale = self.u.numpy().astype(np.float16)
         if O is not None:
             t.outlier_cols = self.perm[:n_out].numpy().astype(np.int32)
             t.outlier_idx = ocodes.numpy().astype(np.int16)

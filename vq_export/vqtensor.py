@@ -18,7 +18,7 @@ class VQTensor:
     res_codebook: np.ndarray | None = None        # float16 [G, K2, v]
     perm: np.ndarray | None = None                # int32 [in]: stored column j is input column perm[j]
     col_norm: np.ndarray | None = None            # float32 [2, in]: scale and bias per stored column
-    row_scale: np.ndarray | None = None           # float32 [out]
+    row_scale: np.ndarray | None = None           # float16 [out] (float32 in files written before F16)
     outlier_cols: np.ndarray | None = None        # int32 [n_o]
     outlier_idx: np.ndarray | None = None         # int16 [n_o, out/v0]
     outlier_codebook: np.ndarray | None = None    # float16 [K0, v0]
@@ -63,7 +63,7 @@ class VQTensor:
             "vq_res_codebook": None if self.res_codebook is None else self.res_codebook.astype(np.float16),
             "vq_perm": None if self.perm is None else self.perm.astype(np.int32),
             "vq_col_norm": None if self.col_norm is None else self.col_norm.astype(np.float32),
-            "vq_row_scale": None if self.row_scale is None else self.row_scale.astype(np.float32),
+            "vq_row_scale": None if self.row_scale is None else self.row_scale.astype(np.float16),
             "vq_outlier_cols": None if self.outlier_cols is None else self.outlier_cols.astype(np.int32),
             "vq_outlier_idx": None if self.outlier_idx is None else self.outlier_idx.astype(np.int16),
             "vq_outlier_codebook": None if self.outlier_codebook is None else self.outlier_codebook.astype(np.float16),

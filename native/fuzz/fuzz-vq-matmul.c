@@ -159,7 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         sides[GGML_VQ_COL_NORM] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_in, mal == MAL_NORM_ROWS ? 1 : 2);
     }
     if (flags & 8) {
-        sides[GGML_VQ_ROW_SCALE] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, mal == MAL_RS_LEN ? n_out - 1 : n_out);
+        sides[GGML_VQ_ROW_SCALE] = ggml_new_tensor_1d(ctx, rnd() % 2 ? GGML_TYPE_F16 : GGML_TYPE_F32, mal == MAL_RS_LEN ? n_out - 1 : n_out);
     }
     if (n_o) {
         sides[GGML_VQ_OUTLIER_COLS]     = ggml_new_tensor_1d(ctx, mal == MAL_OCOLS_TYPE ? GGML_TYPE_F32 : GGML_TYPE_I32, n_o);
@@ -202,9 +202,14 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         }
     }
     if (sides[GGML_VQ_ROW_SCALE]) {
-        float * d = sides[GGML_VQ_ROW_SCALE]->data;
-        for (int64_t r = 0; r < ggml_nelements(sides[GGML_VQ_ROW_SCALE]); ++r) {
-            d[r] = 1.0f + rndf() / 2;
+        struct ggml_tensor * rs = sides[GGML_VQ_ROW_SCALE];
+        for (int64_t r = 0; r < ggml_nelements(rs); ++r) {
+            const float u = 1.0f + rndf() / 2;
+            if (rs->type == GGML_TYPE_F16) {
+                ((ggml_fp16_t *) rs->data)[r] = ggml_fp32_to_fp16(u);
+            } else {
+                ((float *) rs->data)[r] = u;
+            }
         }
     }
     if (sides[GGML_VQ_OUTLIER_COLS] && sides[GGML_VQ_OUTLIER_COLS]->type == GGML_TYPE_I32) {

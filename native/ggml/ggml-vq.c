@@ -110,8 +110,8 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
         return vq_fail(err, err_size, "column norm must be F32 [%lld, 2]", (long long) L->in);
     }
     const struct ggml_tensor * rs = sides[GGML_VQ_ROW_SCALE];
-    if (rs && !vq_shape_is(rs, GGML_TYPE_F32, L->out, 1, 1)) {
-        return vq_fail(err, err_size, "row scale must be F32 [%lld]", (long long) L->out);
+    if (rs && !vq_shape_is(rs, GGML_TYPE_F16, L->out, 1, 1) && !vq_shape_is(rs, GGML_TYPE_F32, L->out, 1, 1)) {
+        return vq_fail(err, err_size, "row scale must be F16 or F32 [%lld]", (long long) L->out);
     }
 
     const struct ggml_tensor * ocols = sides[GGML_VQ_OUTLIER_COLS];
@@ -145,7 +145,8 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
     L->res_codebook     = rcb   ? (const ggml_fp16_t *) rcb->data   : NULL;
     L->perm             = perm  ? (const int32_t *)     perm->data  : NULL;
     L->col_norm         = norm  ? (const float *)       norm->data  : NULL;
-    L->row_scale        = rs    ? (const float *)       rs->data    : NULL;
+    L->row_scale        = rs && rs->type == GGML_TYPE_F32 ? (const float *)       rs->data : NULL;
+    L->row_scale_f16    = rs && rs->type == GGML_TYPE_F16 ? (const ggml_fp16_t *) rs->data : NULL;
     L->outlier_cols     = ocols ? (const int32_t *)     ocols->data : NULL;
     L->outlier_idx      = oidx  ? (const int16_t *)     oidx->data  : NULL;
     L->outlier_codebook = ocb   ? (const ggml_fp16_t *) ocb->data   : NULL;
@@ -177,6 +178,7 @@ bool ggml_vq_check_data(const struct ggml_vq_layout * L, char * err, size_t err_
         { ggml_vq_side_suffix(GGML_VQ_RES_CODEBOOK),     vq_first_nonfinite_f16(L->res_codebook, ((int64_t) L->v << L->b2) * L->G) },
         { ggml_vq_side_suffix(GGML_VQ_COL_NORM),         vq_first_nonfinite_f32(L->col_norm, 2 * L->in) },
         { ggml_vq_side_suffix(GGML_VQ_ROW_SCALE),        vq_first_nonfinite_f32(L->row_scale, L->out) },
+        { ggml_vq_side_suffix(GGML_VQ_ROW_SCALE),        vq_first_nonfinite_f16(L->row_scale_f16, L->out) },
         { ggml_vq_side_suffix(GGML_VQ_OUTLIER_CODEBOOK), vq_first_nonfinite_f16(L->outlier_codebook, (int64_t) L->v0 << L->b0) },
     };
     for (size_t i = 0; i < sizeof(finite) / sizeof(finite[0]); ++i) {
@@ -259,9 +261,9 @@ void ggml_vq_decode_vrow(const struct ggml_vq_layout * L, int64_t p, float * dst
         }
     }
 
-    if (L->row_scale) {
+    if (L->row_scale || L->row_scale_f16) {
         for (int e = 0; e < v; ++e) {
-            const float u = L->row_scale[p * v + e];
+            const float u = ggml_vq_row_scale(L, p * v + e);
             for (int64_t c = 0; c < in; ++c) {
                 dst[e * in + c] *= u;
             }

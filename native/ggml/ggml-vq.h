@@ -25,7 +25,7 @@ enum ggml_vq_side {
     GGML_VQ_RES_CODEBOOK,       // F16 [v, K2, G]   optional
     GGML_VQ_PERM,               // I32 [in]         optional
     GGML_VQ_COL_NORM,           // F32 [in, 2]      optional
-    GGML_VQ_ROW_SCALE,          // F32 [out]        optional
+    GGML_VQ_ROW_SCALE,          // F16 or F32 [out] optional
     GGML_VQ_OUTLIER_COLS,       // I32 [n_o]        optional, with the next two
     GGML_VQ_OUTLIER_IDX,        // I16 [out/v0, n_o]
     GGML_VQ_OUTLIER_CODEBOOK,   // F16 [v0, K0]
@@ -45,7 +45,8 @@ struct ggml_vq_layout {
     const ggml_fp16_t * res_codebook;
     const int32_t     * perm;
     const float       * col_norm;
-    const float       * row_scale;
+    const float       * row_scale;      // an F32 row scale, or NULL
+    const ggml_fp16_t * row_scale_f16;  // an F16 row scale, or NULL (at most one of the two is set)
     const int32_t     * outlier_cols;
     const int16_t     * outlier_idx;
     const ggml_fp16_t * outlier_codebook;
@@ -63,6 +64,11 @@ GGML_API bool ggml_vq_layout_init(struct ggml_vq_layout * layout, const struct g
 
 // Checks the side tensors' data (host pointers in layout): perm is a permutation, outliers in range.
 GGML_API bool ggml_vq_check_data(const struct ggml_vq_layout * layout, char * err, size_t err_size);
+
+// u_r: the row scale of output channel r, 1 without one
+static inline float ggml_vq_row_scale(const struct ggml_vq_layout * layout, int64_t r) {
+    return layout->row_scale ? layout->row_scale[r] : layout->row_scale_f16 ? ggml_fp16_to_fp32(layout->row_scale_f16[r]) : 1.0f;
+}
 
 // Reference decoder. Decodes vector row p (output channels p*v .. p*v+v-1) into dst[v][in], in the
 // original column order, outliers and row scale included.

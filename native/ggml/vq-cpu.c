@@ -139,7 +139,7 @@ struct vq_geom {
     int     mr, nr;      // gemm: rows per panel, tokens per block
     int64_t tile_vrows;  // gemm, scalar, ref: vector rows decoded at a time
     size_t  shared_bytes, xs_bytes;                 // shared: activations (xs or packed), then tb[ntok]
-    size_t  lut_bytes, idx_bytes, cbuf_bytes, tile_bytes, xinfo_bytes, thread_bytes; // per thread
+    size_t  lut_bytes, idx_bytes, cbuf_bytes, tile_bytes, xinfo_bytes, rs_bytes, thread_bytes; // per thread
     bool    perm, norm, plain; // plain: no permutation, column norm, row scale or outliers
     int64_t n_o;
 };
@@ -283,7 +283,9 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
         g->xs_bytes = vq_pad64((size_t) g->ntok * g->in * sizeof(float));
     }
     g->shared_bytes = g->xs_bytes ? g->xs_bytes + vq_pad64((size_t) g->ntok * sizeof(float)) : 0;
-    g->thread_bytes = g->lut_bytes + g->idx_bytes + g->cbuf_bytes + g->tile_bytes + g->xinfo_bytes;
+    // an F16 row scale is widened to F32 once per call, each thread its own rows (at their index in `out`)
+    g->rs_bytes     = rs && rs->type == GGML_TYPE_F16 ? vq_pad64((size_t) g->out * sizeof(float)) : 0;
+    g->thread_bytes = g->lut_bytes + g->idx_bytes + g->cbuf_bytes + g->tile_bytes + g->xinfo_bytes + g->rs_bytes;
 }
 
 size_t ggml_vq_cpu_work_size(const struct ggml_tensor * node, int n_threads) {
@@ -1886,6 +1888,14 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
     float    * tile = (float *) (wthr + g->lut_bytes + g->idx_bytes + g->cbuf_bytes);
     char     * xmem = wthr + g->lut_bytes + g->idx_bytes + g->cbuf_bytes + g->tile_bytes;
     (void) tab2; (void) ib1; (void) ib2; (void) ibo; (void) cbuf; (void) xmem;
+    if (c.L.row_scale_f16) {
+        float * u = (float *) (xmem + g->xinfo_bytes);
+        for (int64_t r = p0 * v; r < p1 * v; ++r) {
+            u[r] = GGML_CPU_FP16_TO_FP32(c.L.row_scale_f16[r]);
+        }
+        c.L.row_scale     = u;
+        c.L.row_scale_f16 = NULL;
+    }
 
     switch (g->path) {
         case VQ_PATH_REF: {

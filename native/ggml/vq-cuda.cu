@@ -16,18 +16,24 @@ static constexpr int VQ_BLOCK_SIZE = 256;      // threads per block of the eleme
 
 // a VQ weight as the kernels read it (device pointers, from ggml_vq_layout)
 struct vq_weight_dev {
-    const uint32_t * codes;     // vector row p's code stream: words [p*words, (p+1)*words)
-    const half     * cb;        // [G][K1][v]
-    const half     * rcb;       // [G][K2][v] or nullptr
-    const int32_t  * perm;      // [in] or nullptr
-    const float    * col_norm;  // [2][in] or nullptr
-    const float    * row_scale; // [out] or nullptr
-    const int32_t  * ocols;     // [n_o]
-    const int16_t  * oidx;      // [n_o][out/v0]
-    const half     * ocb;       // [K0][v0]
+    const uint32_t * codes;       // vector row p's code stream: words [p*words, (p+1)*words)
+    const half     * cb;          // [G][K1][v]
+    const half     * rcb;         // [G][K2][v] or nullptr
+    const int32_t  * perm;        // [in] or nullptr
+    const float    * col_norm;    // [2][in] or nullptr
+    const float    * row_scale;   // [out] F32, or nullptr
+    const half     * row_scale_h; // [out] F16, or nullptr (at most one of the two)
+    const int32_t  * ocols;       // [n_o]
+    const int16_t  * oidx;        // [n_o][out/v0]
+    const half     * ocb;         // [K0][v0]
     int     in, out, v, b1, b2, gcols, n_o, v0;
-    int64_t words;              // 32-bit words per vector row: in*(b1+b2)/32
+    int64_t words;                // 32-bit words per vector row: in*(b1+b2)/32
 };
+
+// u_r: the row scale of output channel r, 1 without one
+static __device__ __forceinline__ float vq_row_scale(const vq_weight_dev & W, int r) {
+    return W.row_scale ? W.row_scale[r] : W.row_scale_h ? __half2float(W.row_scale_h[r]) : 1.0f;
+}
 
 // F32 activations: token t lives at x + (t%ne1)*s1 + (t/ne1%ne2)*s2 + (t/(ne1*ne2))*s3 (in floats)
 struct vq_act {
@@ -210,9 +216,7 @@ static __global__ void k_vq_mmv(const vq_weight_dev W, const vq_act xs, const vq
                 if (lane == (t * VT + e) % WARP_SIZE && t < nt && (EXACT || e < v)) {
                     const int r = p * v + e;
                     float y = acc[t][e] + (bias ? bias[t0 + t] : 0.0f);
-                    if (W.row_scale) {
-                        y *= W.row_scale[r];
-                    }
+                    y *= vq_row_scale(W, r);
                     dst[(t0 + t) * W.out + r] = y;
                 }
             }
@@ -237,9 +241,7 @@ static __global__ void k_vq_dequant_f16(const vq_weight_dev W, half * __restrict
         for (int e = 0; e < W.v; ++e) {
             const int64_t r = p * W.v + e;
             float w = (__half2float(c1[e]) + (c2 ? __half2float(c2[e]) : 0.0f)) * s + t;
-            if (W.row_scale) {
-                w *= W.row_scale[r];
-            }
+            w *= vq_row_scale(W, r);
             w16[r * W.in + c] = __float2half(w);
         }
     }
@@ -257,7 +259,7 @@ static __global__ void k_vq_outliers(const vq_weight_dev W, const vq_act raw, co
         for (int o = 0; o < W.n_o; ++o) {
             s += vq_outlier(W, o, r) * xt[W.ocols[o]];
         }
-        dst[t * W.out + r] += W.row_scale ? W.row_scale[r] * s : s;
+        dst[t * W.out + r] += vq_row_scale(W, r) * s;
     }
 }
 
@@ -268,24 +270,25 @@ static vq_weight_dev vq_weight_of(const ggml_tensor * dst) {
         GGML_ABORT("VQ weight '%s': %s", dst->src[0]->name, err);
     }
     vq_weight_dev W;
-    W.codes     = (const uint32_t *) L.codes;
-    W.cb        = (const half *) L.codebook;
-    W.rcb       = (const half *) L.res_codebook;
-    W.perm      = L.perm;
-    W.col_norm  = L.col_norm;
-    W.row_scale = L.row_scale;
-    W.ocols     = L.outlier_cols;
-    W.oidx      = L.outlier_idx;
-    W.ocb       = (const half *) L.outlier_codebook;
-    W.in        = (int) L.in;
-    W.out       = (int) L.out;
-    W.v         = L.v;
-    W.b1        = L.b1;
-    W.b2        = L.b2;
-    W.gcols     = (int) (L.in / L.G);
-    W.n_o       = (int) L.n_o;
-    W.v0        = L.v0;
-    W.words     = L.in * (L.b1 + L.b2) / 32;
+    W.codes       = (const uint32_t *) L.codes;
+    W.cb          = (const half *) L.codebook;
+    W.rcb         = (const half *) L.res_codebook;
+    W.perm        = L.perm;
+    W.col_norm    = L.col_norm;
+    W.row_scale   = L.row_scale;
+    W.row_scale_h = (const half *) L.row_scale_f16;
+    W.ocols       = L.outlier_cols;
+    W.oidx        = L.outlier_idx;
+    W.ocb         = (const half *) L.outlier_codebook;
+    W.in          = (int) L.in;
+    W.out         = (int) L.out;
+    W.v           = L.v;
+    W.b1          = L.b1;
+    W.b2          = L.b2;
+    W.gcols       = (int) (L.in / L.G);
+    W.n_o         = (int) L.n_o;
+    W.v0          = L.v0;
+    W.words       = L.in * (L.b1 + L.b2) / 32;
     GGML_ASSERT(W.v <= 16 && "the CUDA kernels take vector lengths up to 16");
     return W;
 }

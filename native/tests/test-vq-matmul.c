@@ -6,6 +6,7 @@
 //                                            and 3 threads give bitwise equal results
 //   test-vq-matmul file <model.gguf> [max_tensors]   the same on the VQ weights of a real file
 //   test-vq-matmul one <in> <out> <v> <b1> <b2> <G> <perm> <norm> <rscale> <outliers> <ntok>
+//                                            (rscale: 0 none, 1 F32, 2 F16)
 //                                            a single random case
 //   test-vq-matmul bench <v> <K1> <K2> <in> <out> <ntok> <threads> [n_mats] [reps]
 //                                            time one MUL_MAT over n_mats weights (more than the caches)
@@ -71,7 +72,8 @@ static ggml_backend_t g_backend = NULL;
 struct cfg {
     int64_t in, out;
     int v, b1, b2, G;
-    bool perm, norm, rscale, outl;
+    bool perm, norm, outl;
+    int rscale;         // row scale: 0 none, 1 F32, 2 F16
     int64_t ne1, ne2;   // tokens = ne1 * ne2
 };
 
@@ -153,7 +155,7 @@ static int check(const char * what, const struct vq_weight * W, struct ggml_tens
                 mag += fabs((double) wr[c] * xr[c]);
             }
             if (L.col_norm) { // the kernel may split off the bias term; its own rounding scales with it
-                const float u = L.row_scale ? fabsf(L.row_scale[r]) : 1.0f;
+                const float u = fabsf(ggml_vq_row_scale(&L, r));
                 for (int64_t j = 0; j < in; ++j) {
                     const int64_t c = L.perm ? L.perm[j] : j;
                     mag += fabs((double) L.col_norm[in + j] * xr[c]) * u;
@@ -258,10 +260,14 @@ static void run_case(const struct cfg * c, int quick) {
         }
     }
     if (c->rscale) {
-        struct ggml_tensor * t = W.sides[GGML_VQ_ROW_SCALE] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c->out);
-        float * d = t->data;
+        struct ggml_tensor * t = W.sides[GGML_VQ_ROW_SCALE] = ggml_new_tensor_1d(ctx, c->rscale == 2 ? GGML_TYPE_F16 : GGML_TYPE_F32, c->out);
         for (int64_t r = 0; r < c->out; ++r) {
-            d[r] = rndf(0.8f, 1.2f);
+            const float u = rndf(0.8f, 1.2f);
+            if (c->rscale == 2) {
+                ((ggml_fp16_t *) t->data)[r] = ggml_fp32_to_fp16(u);
+            } else {
+                ((float *) t->data)[r] = u;
+            }
         }
     }
     if (c->outl) {
@@ -343,7 +349,7 @@ static int mode_random(int quick) {
             }
             c.perm   = variant == 1 || variant == 4;
             c.norm   = variant == 2 || variant == 4;
-            c.rscale = variant == 3 || variant == 4;
+            c.rscale = variant == 3 ? 1 : variant == 4 ? 2 : 0;
             c.outl   = variant == 4 || variant == 5;
             if (variant == 0 && (li % 3 == 0)) {
                 c.G = (int) (c.in / 32); // a group per 32 columns
@@ -766,7 +772,7 @@ int main(int argc, char ** argv) {
     }
     if (argc >= 13 && strcmp(argv[1], "one") == 0) { // one case: in out v b1 b2 G perm norm rscale outl ntok
         struct cfg c = { atoll(argv[2]), atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]),
-                         atoi(argv[8]) != 0, atoi(argv[9]) != 0, atoi(argv[10]) != 0, atoi(argv[11]) != 0, atoll(argv[12]), 1 };
+                         atoi(argv[8]) != 0, atoi(argv[9]) != 0, atoi(argv[11]) != 0, atoi(argv[10]), atoll(argv[12]), 1 };
         run_case(&c, 0);
         printf("one: %d cases, %d failed\n", n_cases, n_fail);
         return n_fail ? 1 : 0;
