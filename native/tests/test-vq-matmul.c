@@ -72,8 +72,9 @@ static ggml_backend_t g_backend = NULL;
 struct cfg {
     int64_t in, out;
     int v, b1, b2, G;
-    bool perm, norm, outl;
+    bool perm, norm;
     int rscale;         // row scale: 0 none, 1 F32, 2 F16
+    bool outl;
     int64_t ne1, ne2;   // tokens = ne1 * ne2
 };
 
@@ -372,7 +373,7 @@ static int mode_random(int quick) {
         }
     }
     // a large layer like the default model's ffn_down, many tokens
-    struct cfg big = { 1536, 576, 4, 8, 0, 1, false, false, false, false, 512, 1 };
+    struct cfg big = { 1536, 576, 4, 8, 0, 1, false, false, 0, false, 512, 1 };
     run_case(&big, quick);
     big.b2 = 4; big.ne1 = 37;
     run_case(&big, quick);
@@ -772,7 +773,7 @@ int main(int argc, char ** argv) {
     }
     if (argc >= 13 && strcmp(argv[1], "one") == 0) { // one case: in out v b1 b2 G perm norm rscale outl ntok
         struct cfg c = { atoll(argv[2]), atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]),
-                         atoi(argv[8]) != 0, atoi(argv[9]) != 0, atoi(argv[11]) != 0, atoi(argv[10]), atoll(argv[12]), 1 };
+                         atoi(argv[8]) != 0, atoi(argv[9]) != 0, atoi(argv[10]), atoi(argv[11]) != 0, atoll(argv[12]), 1 };
         run_case(&c, 0);
         printf("one: %d cases, %d failed\n", n_cases, n_fail);
         return n_fail ? 1 : 0;
