@@ -101,17 +101,23 @@ def test_preset_overrides_select_kinds_and_blocks():
         parse_tensor_config("ffn_down:bits=3", base.config)
 
 
-@pytest.mark.parametrize("name, budget", [("2bit", 2.1), ("3bit", 3.1), ("4bit", 4.1)])
+@pytest.mark.parametrize("name, budget", [("2bit", 2.1), ("2bit-shared", 2.1), ("3bit", 3.1), ("4bit", 4.1)])
 def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budget):
-    """Index bits and F16 codebooks of every block linear of the default model, as the file will count them: the
-    kinds a preset gives more bits (attn_v, attn_k, the end blocks' ffn_down) must not take it past its budget."""
+    """Index bits, F16 codebooks (a shared one once) and F16 row scales of every block linear of the default model,
+    as the file will count them: the kinds a preset gives more bits (attn_v, attn_k, the end blocks' ffn_down) must
+    not take it past its budget."""
     from vq_export.quantize import PRESETS
     preset = PRESETS[name]
     bits = weights = 0
+    shared_books = set()
     for n in src.linear_names():
         out_features, in_features = src.tensors[n].shape
         cfg = preset.config_for(n, src.n_blocks)
-        bits += out_features * in_features * cfg.index_bits / cfg.v + 16 * cfg.v * (cfg.k + cfg.k_res)
+        kind = n.split(".")[2]
+        if kind not in preset.share or (kind, cfg) not in shared_books:
+            bits += 16 * cfg.v * (cfg.k + cfg.k_res)
+            shared_books.add((kind, cfg))
+        bits += out_features * in_features * cfg.index_bits / cfg.v + 16 * out_features * cfg.row_scale
         weights += out_features * in_features
     assert budget - 0.15 < bits / weights <= budget
     rate = {n.split(".")[2]: preset.config_for(n, src.n_blocks) for n in src.linear_names() if n.startswith("blk.5.")}
