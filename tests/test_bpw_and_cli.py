@@ -109,16 +109,15 @@ def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budge
     from vq_export.quantize import PRESETS
     preset = PRESETS[name]
     bits = weights = 0
-    shared_books = set()
+    books = {}  # one per tensor, or one per (kind, settings) where the kind is shared
     for n in src.linear_names():
         out_features, in_features = src.tensors[n].shape
         cfg = preset.config_for(n, src.n_blocks)
         kind = n.split(".")[2]
-        if kind not in preset.share or (kind, cfg) not in shared_books:
-            bits += 16 * cfg.v * (cfg.k + cfg.k_res)
-            shared_books.add((kind, cfg))
+        books[(kind, cfg) if kind in preset.share else n] = cfg
         bits += out_features * in_features * cfg.index_bits / cfg.v + 16 * out_features * cfg.row_scale
         weights += out_features * in_features
+    bits += sum(16 * cfg.v * (cfg.k + cfg.k_res) for cfg in books.values())
     assert budget - 0.15 < bits / weights <= budget
     rate = {n.split(".")[2]: preset.config_for(n, src.n_blocks) for n in src.linear_names() if n.startswith("blk.5.")}
     rate = {kind: cfg.index_bits / cfg.v for kind, cfg in rate.items()}
