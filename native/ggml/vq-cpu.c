@@ -17,8 +17,9 @@
 //           widened and multiplied with the broadcast activation.
 //   one token (generation), exact: bitwise ggml_vec_dot_f32 on the reference decoder's weights
 //     lutx  AVX-512 VBMI, K1 and K2 <= 256: lut's lookups, summed in ggml_vec_dot_f32's order.
-//     centx AVX2 and up, plain weights, v in {2, 4, 8}: cent's loads from the codebooks widened to f32 once
-//           per call, each of ggml_vec_dot_f32's accumulator lanes run as its own chain.
+//     centx AVX2 and up, no permutation, norm or outliers (row scale allowed), v in {2, 4, 6, 8}: cent's
+//           loads from a padded copy of the fp16 codebooks, each of ggml_vec_dot_f32's accumulator lanes
+//           run as its own chain.
 //     decx  anything else: rows decoded, then ggml_vec_dot_f32.
 //   many tokens (prompt processing), gemm: a tile of rows is decoded to f32 into the thread's work buffer,
 //           packed as panels of 32 (AVX-512) or 16 (AVX2) rows, and multiplied with the activations, packed
@@ -123,6 +124,7 @@ static bool vq_decx_only(void) {
 #define VQ_TILE_BYTES       (256*1024)  // decoded f32 rows per thread (gemm, scalar)
 #define VQ_LUT_MAX_BYTES    (256*1024)  // byte-plane tables per thread (lut)
 #define VQ_CHUNK            256         // columns of codes unpacked at a time (a multiple of 16)
+#define VQ_CX_PAD           8           // floats before and after centx's tables (v = 6 loads straddle centroids)
 
 enum vq_path {
     VQ_PATH_REF, VQ_PATH_SCALAR, VQ_PATH_CENT, VQ_PATH_LUT, VQ_PATH_GEMM,
@@ -161,9 +163,9 @@ static int64_t vq_lut_kp(int64_t K) {
     return K < 64 ? 64 : K;
 }
 
-// centx: the codebooks widened to f32, main [G][K1][v] then residual [G][K2][v]
+// centx: the codebooks, main [G][K1][v] then residual [G][K2][v], with VQ_CX_PAD values either side
 static size_t vq_centx_table_bytes(const struct vq_geom * g) {
-    return (size_t) g->G * (g->K1 + (g->b2 ? g->K2 : 0)) * g->v * sizeof(float);
+    return ((size_t) g->G * (g->K1 + (g->b2 ? g->K2 : 0)) * g->v + 2 * VQ_CX_PAD) * sizeof(ggml_fp16_t);
 }
 
 static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, int isa) {
@@ -205,7 +207,8 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     // rounding differences would otherwise be amplified by the Q8 activations of other layers.
     const bool lutx = isa >= VQ_ISA_VBMI && g->b1 <= 8 && g->b2 <= 8 && lut_bytes <= VQ_LUT_MAX_BYTES && (!g->perm || g->G <= 16);
 #if defined(VQ_HAVE_CENTX)
-    const bool centx = !vq_decx_only() && isa >= VQ_ISA_AVX2 && g->plain && (g->v == 2 || g->v == 4 || g->v == 8) &&
+    const bool centx = !vq_decx_only() && isa >= VQ_ISA_AVX2 && !perm && !norm && !ocols &&
+                       (g->v == 2 || g->v == 4 || g->v == 6 || g->v == 8) &&
                        (g->G == 1 || g->gcols % 8 == 0) && vq_centx_table_bytes(g) <= VQ_LUT_MAX_BYTES;
 #else
     const bool centx = false;
@@ -1480,135 +1483,178 @@ static void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// centx: one token, exact, plain weights with v in {2, 4, 8}: cent's loads (8 / v vector rows at one column
-// fill one vector of 8 output rows, no transposes) summed as ggml_vec_dot_f32 sums. That function gives
-// column j of a row to accumulator lane j mod GGML_F32_STEP, one fused multiply-add per block of
-// GGML_F32_STEP columns in turn, then reduces the lanes (GGML_F32_VEC_REDUCE) and adds the products of the
-// leftover columns one by one. Each lane is its own chain, so the chains can be run 8 at a time: 8
-// accumulators (chains q0 .. q0 + 7, each holding the 8 rows) take their column of every block of a chunk
-// of codes; the chains wait in memory between chunks, are transposed to rows at the end and reduced with
-// ggml's own macro. Every product meets its chain in the same order as in ggml_vec_dot_f32.
+// centx: one token, exact, weights without permutation, column norm or outliers (a row scale is allowed),
+// v in {2, 4, 6, 8}: cent's loads summed as ggml_vec_dot_f32 sums. A group of R vector rows at one column
+// fills NB vectors of 8 output rows (v = 2, 4, 8: R = 8 / v, NB = 1, no transposes; v = 6: R = 4, NB = 3,
+// a vector that straddles two vector rows is two loads and a blend), read from a copy of the fp16 codebooks
+// (padded for v = 6; half the cache footprint of f32 tables), widened, multiplied by the rows' scales as the
+// reference decoder multiplies them (after the codebook sum, rounded) and then with the broadcast
+// activation. ggml_vec_dot_f32 gives column j of a row to accumulator lane j mod GGML_F32_STEP, one fused
+// multiply-add per block of GGML_F32_STEP columns in turn, then reduces the lanes (GGML_F32_VEC_REDUCE) and
+// adds the products of the leftover columns one by one. Each lane is its own chain, so the chains can be
+// run 8 at a time: 8 accumulators (chains q0 .. q0 + 7, each holding 8 rows) take their column of every
+// block of a chunk of codes; the chains wait in memory between chunks, are transposed to rows at the end
+// and reduced with ggml's own macro. Every product meets its chain in the same order as in
+// ggml_vec_dot_f32.
 
 #if defined(VQ_HAVE_CENTX)
 
-// the 8 / V centroids q[0 .. 8/V) of the f32 table T (V values each) side by side in one vector
-static VQ_ALWAYS_INLINE __m256 vq_centx_load(const float * T, const uint32_t * q, const int V) {
-    if (V == 8) {
-        return _mm256_loadu_ps(T + 8 * (size_t) q[0]);
-    }
-    if (V == 4) {
-        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(T + 4 * (size_t) q[0])), _mm_loadu_ps(T + 4 * (size_t) q[1]), 1);
-    }
-    const __m128 lo = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *) (T + 2 * (size_t) q[0]))), (const __m64 *) (T + 2 * (size_t) q[1]));
-    const __m128 hi = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *) (T + 2 * (size_t) q[2]))), (const __m64 *) (T + 2 * (size_t) q[3]));
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+// vector rows per group: the fewest whose v * R output rows are whole vectors of 8
+static VQ_ALWAYS_INLINE int vq_centx_group(int v) {
+    return v == 6 ? 4 : 8 / v;
 }
 
-// the 8 rows' weights at one column: codes cb[k * VQ_CHUNK] of vector rows k < 8 / V, centroids from the
-// f32 tables T1 (main) and T2 (residual) of the column's group
-static VQ_ALWAYS_INLINE __m256 vq_centx_w(const uint32_t * cb, const float * T1, const float * T2, uint32_t m1, int b1,
-                                          const int V, const bool RES) {
+// vector b (output rows 8b .. 8b + 7 of the group) of the fp16 table T (V values per centroid) for the
+// group's centroids q[0 .. R), widened; v = 6 reads up to 6 values either side of a centroid (VQ_CX_PAD)
+static VQ_ALWAYS_INLINE __m256 vq_centx_load(const ggml_fp16_t * T, const uint32_t * q, const int V, const int b) {
+    __m128i h;
+    if (V == 8) {
+        h = _mm_loadu_si128((const __m128i *) (T + 8 * (size_t) q[0]));
+    } else if (V == 6) { // vector row b from element 2b on, the lanes past its end from vector row b + 1
+        const __m128i lo = _mm_loadu_si128((const __m128i *) (T + 6 * (size_t) q[b] + 2 * b));
+        const __m128i hi = _mm_loadu_si128((const __m128i *) (T + 6 * (size_t) q[b + 1] - (6 - 2 * b)));
+        h = b == 0 ? _mm_blend_epi16(lo, hi, 0xC0) : b == 1 ? _mm_blend_epi16(lo, hi, 0xF0) : _mm_blend_epi16(lo, hi, 0xFC);
+    } else if (V == 4) {
+        h = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[0])), _mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[1])));
+    } else {
+        int32_t e[4];
+        for (int k = 0; k < 4; ++k) {
+            memcpy(&e[k], T + 2 * (size_t) q[k], sizeof(int32_t));
+        }
+        h = _mm_setr_epi32(e[0], e[1], e[2], e[3]);
+    }
+    return _mm256_cvtph_ps(h);
+}
+
+// vector b of the group's weights at one column: codes cb[k * VQ_CHUNK] of vector rows k < R, centroids
+// from the f32 tables T1 (main) and T2 (residual) of the column's group, times the rows' scales u
+static VQ_ALWAYS_INLINE __m256 vq_centx_w(const uint32_t * cb, const ggml_fp16_t * T1, const ggml_fp16_t * T2, uint32_t m1, int b1,
+                                          __m256 u, const int V, const int b, const bool RES, const bool RS) {
     uint32_t q[4], r[4];
-    for (int k = 0; k < 8 / V; ++k) {
+    for (int k = 0; k < vq_centx_group(V); ++k) {
         const uint32_t code = cb[k * VQ_CHUNK];
         q[k] = RES ? code & m1 : code; // without a residual a code is b1 bits
         r[k] = RES ? code >> b1 : 0;
     }
-    const __m256 w = vq_centx_load(T1, q, V);
-    return RES ? _mm256_add_ps(w, vq_centx_load(T2, r, V)) : w;
+    __m256 w = vq_centx_load(T1, q, V, b);
+    w = RES ? _mm256_add_ps(w, vq_centx_load(T2, r, V, b)) : w;
+    return RS ? _mm256_mul_ps(w, u) : w;
 }
 
-static VQ_ALWAYS_INLINE void vq_centx8_impl(const struct vq_call * c, int64_t p, const float * T, uint32_t * cbuf,
-                                            const int V, const bool RES, const bool G1) {
+// one chunk of codes (columns [j0, j0 + n)) into the chains of vector b (a constant, so that the blends and
+// code picks of vq_centx_load are fixed at compile time)
+static VQ_ALWAYS_INLINE void vq_centx_chunk(const struct vq_call * c, const uint32_t * cbuf, const ggml_fp16_t * T, const float * x,
+                                            int64_t j0, int64_t n, __m256 * chain, float * left, __m256 u,
+                                            const int V, const int b, const bool RES, const bool G1, const bool RS) {
     enum { STEP = GGML_F32_STEP };
-    const int R = 8 / V;
-    const int64_t in = c->g.in, gcols = c->g.gcols, np = in & ~(int64_t) (STEP - 1);
+    const int64_t in = c->g.in, gcols = c->g.gcols, np = in & ~(int64_t) (STEP - 1), je = MIN(j0 + n, np);
     const uint32_t m1 = (uint32_t) (c->g.K1 - 1);
     const int b1 = c->g.b1;
+    for (int q0 = 0; q0 < STEP; q0 += 8) {
+        __m256 acc[8];
+        for (int i = 0; i < 8; ++i) {
+            acc[i] = chain[q0 + i];
+        }
+        for (int64_t js = j0 + q0; js < je; js += STEP) {
+            const int64_t g = G1 ? 0 : js / gcols; // 8 columns never straddle groups (gcols % 8 == 0)
+            const ggml_fp16_t * T1 = T + g * c->g.K1 * V;
+            const ggml_fp16_t * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
+            const uint32_t * cb = cbuf + (js - j0);
+            for (int i = 0; i < 8; ++i) {
+                acc[i] = _mm256_fmadd_ps(vq_centx_w(cb + i, T1, T2, m1, b1, u, V, b, RES, RS), _mm256_broadcast_ss(x + js + i), acc[i]);
+            }
+        }
+        for (int i = 0; i < 8; ++i) {
+            chain[q0 + i] = acc[i];
+        }
+    }
+    for (int64_t j = MAX(j0, np); j < j0 + n; ++j) {
+        const int64_t g = j / gcols;
+        const ggml_fp16_t * T1 = T + g * c->g.K1 * V;
+        const ggml_fp16_t * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
+        const __m256 w = vq_centx_w(cbuf + (j - j0), T1, T2, m1, b1, u, V, b, RES, RS);
+        _mm256_storeu_ps(left + (j - np) * 8, _mm256_mul_ps(w, _mm256_set1_ps(x[j])));
+    }
+}
+
+static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, const ggml_fp16_t * T, uint32_t * cbuf,
+                                           const int V, const bool RES, const bool G1, const bool RS) {
+    enum { STEP = GGML_F32_STEP, NBMAX = 3 };
+    const int R = vq_centx_group(V), NB = R * V / 8;
+    const int64_t in = c->g.in, np = in & ~(int64_t) (STEP - 1);
     const float * x = vq_src_row(c, 0);
-    __m256 chain[STEP];             // chain[q]: lane q of ggml_vec_dot_f32's accumulators, for the 8 rows
-    float  left[(STEP - 1) * 8];    // products of the leftover columns [np, in), 8 rows each
-    for (int q = 0; q < STEP; ++q) {
-        chain[q] = _mm256_setzero_ps();
+    __m256 chain[NBMAX][STEP];          // chain[b][q]: lane q of ggml_vec_dot_f32's accumulators, for vector b's 8 rows
+    float  left[NBMAX][(STEP - 1) * 8]; // products of the leftover columns [np, in), 8 rows each
+    __m256 u[NBMAX];
+    for (int b = 0; b < NB; ++b) {
+        u[b] = RS ? _mm256_loadu_ps(c->L.row_scale + p * V + 8 * b) : _mm256_setzero_ps();
+        for (int q = 0; q < STEP; ++q) {
+            chain[b][q] = _mm256_setzero_ps();
+        }
     }
     for (int64_t j0 = 0; j0 < in; j0 += VQ_CHUNK) {
-        const int64_t n = MIN(VQ_CHUNK, in - j0), je = MIN(j0 + n, np);
+        const int64_t n = MIN(VQ_CHUNK, in - j0);
         for (int k = 0; k < R; ++k) {
             vq_unpack(c, p + k, j0, n, cbuf + k * VQ_CHUNK);
         }
-        for (int q0 = 0; q0 < STEP; q0 += 8) {
-            __m256 acc[8];
-            for (int i = 0; i < 8; ++i) {
-                acc[i] = chain[q0 + i];
-            }
-            for (int64_t js = j0 + q0; js < je; js += STEP) {
-                const int64_t g = G1 ? 0 : js / gcols; // 8 columns never straddle groups (gcols % 8 == 0)
-                const float * T1 = T + g * c->g.K1 * V;
-                const float * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
-                const uint32_t * cb = cbuf + (js - j0);
-                for (int i = 0; i < 8; ++i) {
-                    acc[i] = _mm256_fmadd_ps(vq_centx_w(cb + i, T1, T2, m1, b1, V, RES), _mm256_broadcast_ss(x + js + i), acc[i]);
-                }
-            }
-            for (int i = 0; i < 8; ++i) {
-                chain[q0 + i] = acc[i];
-            }
-        }
-        for (int64_t j = MAX(j0, np); j < j0 + n; ++j) {
-            const int64_t g = j / gcols;
-            const float * T1 = T + g * c->g.K1 * V;
-            const float * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
-            _mm256_storeu_ps(left + (j - np) * 8, _mm256_mul_ps(vq_centx_w(cbuf + (j - j0), T1, T2, m1, b1, V, RES), _mm256_set1_ps(x[j])));
-        }
-    }
-    float rows[8][STEP];
-    for (int q0 = 0; q0 < STEP; q0 += 8) {
-        vq_transpose8(chain + q0);
-        for (int k = 0; k < 8; ++k) {
-            _mm256_storeu_ps(rows[k] + q0, chain[q0 + k]);
+        vq_centx_chunk(c, cbuf, T, x, j0, n, chain[0], left[0], u[0], V, 0, RES, G1, RS);
+        if (NB > 1) { // NB is 1 or 3
+            vq_centx_chunk(c, cbuf, T, x, j0, n, chain[1], left[1], u[1], V, 1, RES, G1, RS);
+            vq_centx_chunk(c, cbuf, T, x, j0, n, chain[2], left[2], u[2], V, 2, RES, G1, RS);
         }
     }
     float * y = vq_y_row(c, 0) + p * V;
-    for (int k = 0; k < 8; ++k) {
-        GGML_F32_VEC sum[GGML_F32_ARR];
-        for (int a = 0; a < GGML_F32_ARR; ++a) {
-            sum[a] = GGML_F32_VEC_LOAD(rows[k] + a * GGML_F32_EPR);
+    for (int b = 0; b < NB; ++b) {
+        float rows[8][STEP];
+        for (int q0 = 0; q0 < STEP; q0 += 8) {
+            vq_transpose8(chain[b] + q0);
+            for (int k = 0; k < 8; ++k) {
+                _mm256_storeu_ps(rows[k] + q0, chain[b][q0 + k]);
+            }
         }
-        float sumf = 0.0f;
-        GGML_F32_VEC_REDUCE(sumf, sum);
-        for (int64_t j = np; j < in; ++j) {
-            sumf += left[(j - np) * 8 + k];
+        for (int k = 0; k < 8; ++k) {
+            GGML_F32_VEC sum[GGML_F32_ARR];
+            for (int a = 0; a < GGML_F32_ARR; ++a) {
+                sum[a] = GGML_F32_VEC_LOAD(rows[k] + a * GGML_F32_EPR);
+            }
+            float sumf = 0.0f;
+            GGML_F32_VEC_REDUCE(sumf, sum);
+            for (int64_t j = np; j < in; ++j) {
+                sumf += left[b][(j - np) * 8 + k];
+            }
+            y[8 * b + k] = sumf;
         }
-        y[k] = sumf;
     }
 }
 
-static void vq_centx8(const struct vq_call * c, int64_t p, const float * T, uint32_t * cbuf) {
+static void vq_centx_group_rows(const struct vq_call * c, int64_t p, const ggml_fp16_t * T, uint32_t * cbuf) {
     const int v = c->g.v;
     const bool res = c->L.res_codebook != NULL;
     const bool g1 = c->g.G == 1;
-#define VQ_CX_CASE(V, RES, G1) if (v == V && res == RES && g1 == G1) { vq_centx8_impl(c, p, T, cbuf, V, RES, G1); return; }
-#define VQ_CX_CASES(G1) VQ_CX_CASE(2, false, G1) VQ_CX_CASE(4, false, G1) VQ_CX_CASE(8, false, G1) \
-                        VQ_CX_CASE(2, true, G1)  VQ_CX_CASE(4, true, G1)  VQ_CX_CASE(8, true, G1)
-    VQ_CX_CASES(true) VQ_CX_CASES(false)
+    const bool rs = c->L.row_scale != NULL; // F16 row scales are widened to f32 once per call
+#define VQ_CX_CASE(V, RES, G1, RS) if (v == V && res == RES && g1 == G1 && rs == RS) { vq_centx_impl(c, p, T, cbuf, V, RES, G1, RS); return; }
+#define VQ_CX_CASES(G1, RS) VQ_CX_CASE(2, false, G1, RS) VQ_CX_CASE(4, false, G1, RS) VQ_CX_CASE(6, false, G1, RS) VQ_CX_CASE(8, false, G1, RS) \
+                            VQ_CX_CASE(2, true, G1, RS)  VQ_CX_CASE(4, true, G1, RS)  VQ_CX_CASE(6, true, G1, RS)  VQ_CX_CASE(8, true, G1, RS)
+    VQ_CX_CASES(true, false) VQ_CX_CASES(false, false) VQ_CX_CASES(true, true) VQ_CX_CASES(false, true)
 #undef VQ_CX_CASES
 #undef VQ_CX_CASE
-    GGML_ABORT("vq centx8: v=%d", v);
+    GGML_ABORT("vq centx: v=%d", v);
 }
 
-// rows [p0, p1) of one token: 8 / v vector rows at a time, decx for the last few
-static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float * T, float * tile, uint32_t * cbuf) {
-    const int64_t R = 8 / c->g.v;
+// rows [p0, p1) of one token: R vector rows at a time, decx for the last few
+static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, ggml_fp16_t * tab, float * tile, uint32_t * cbuf) {
+    const int64_t R = vq_centx_group(c->g.v);
     const int64_t n1 = c->g.G * c->g.K1 * c->g.v, n2 = c->g.b2 ? c->g.G * c->g.K2 * c->g.v : 0;
-    for (int64_t i = 0; i < n1; ++i) {
-        T[i] = GGML_CPU_FP16_TO_FP32(c->L.codebook[i]);
+    ggml_fp16_t * T = tab + VQ_CX_PAD;
+    memset(tab, 0, VQ_CX_PAD * sizeof(ggml_fp16_t));
+    memcpy(T, c->L.codebook, n1 * sizeof(ggml_fp16_t));
+    if (n2) {
+        memcpy(T + n1, c->L.res_codebook, n2 * sizeof(ggml_fp16_t));
     }
-    for (int64_t i = 0; i < n2; ++i) {
-        T[n1 + i] = GGML_CPU_FP16_TO_FP32(c->L.res_codebook[i]);
-    }
+    memset(T + n1 + n2, 0, VQ_CX_PAD * sizeof(ggml_fp16_t));
     int64_t p = p0;
     for (; p + R <= p1; p += R) {
-        vq_centx8(c, p, T, cbuf);
+        vq_centx_group_rows(c, p, T, cbuf);
     }
     if (p < p1) {
         vq_decx_rows(c, p, p1, tile, cbuf);
@@ -1929,8 +1975,8 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
         }
 #if defined(VQ_HAVE_CENTX)
         case VQ_PATH_CENTX: {
-            vq_centx_rows(&c, p0, p1, (float *) tab1, tile, cbuf);
-            return; // exact, plain weights: no epilogue
+            vq_centx_rows(&c, p0, p1, (ggml_fp16_t *) tab1, tile, cbuf);
+            return; // exact: the weights already hold the row scale
         }
 #endif
         case VQ_PATH_SCALAR: {

@@ -350,8 +350,11 @@ static int mode_random(int quick) {
             }
             c.perm   = variant == 1 || variant == 4;
             c.norm   = variant == 2 || variant == 4;
-            c.rscale = variant == 3 ? 1 : variant == 4 ? 2 : 0;
+            c.rscale = variant == 3 ? 1 + li % 2 : variant == 4 ? 2 : 0;
             c.outl   = variant == 4 || variant == 5;
+            if (variant == 3 && li % 4 < 2) {
+                c.G = 1; // a row scale alone: the one-token centx path
+            }
             if (variant == 0 && (li % 3 == 0)) {
                 c.G = (int) (c.in / 32); // a group per 32 columns
             }
@@ -635,7 +638,7 @@ static double now_s(void) {
 
 static int mode_bench(int argc, char ** argv) {
     if (argc < 9) {
-        printf("usage: bench v K1 K2 in out ntok threads [n_mats] [reps]\n");
+        printf("usage: bench v K1 K2 in out ntok threads [n_mats] [reps] [F16 row scales: 0 or 1]\n");
         return 2;
     }
     const int v = atoi(argv[2]);
@@ -644,6 +647,7 @@ static int mode_bench(int argc, char ** argv) {
     const int nth = atoi(argv[8]);
     const int nm = argc > 9 ? atoi(argv[9]) : 64;
     const int reps = argc > 10 ? atoi(argv[10]) : 5;
+    const int rscale = argc > 11 ? atoi(argv[11]) : 0;
     int b1 = 0, b2 = 0;
     while ((1 << b1) < K1) b1++;
     while (K2 > 1 && (1 << b2) < K2) b2++;
@@ -668,6 +672,10 @@ static int mode_bench(int argc, char ** argv) {
             W.sides[GGML_VQ_RES_CODEBOOK] = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, v, K2, 1);
             fill_f16(W.sides[GGML_VQ_RES_CODEBOOK], 0.01f);
         }
+        if (rscale) {
+            W.sides[GGML_VQ_ROW_SCALE] = ggml_new_tensor_1d(ctx, GGML_TYPE_F16, out);
+            fill_f16(W.sides[GGML_VQ_ROW_SCALE], 1.0f);
+        }
         struct ggml_tensor * y = ggml_mul_mat(ctx, W.w, x);
         ggml_vq_attach(y, W.sides);
         ggml_build_forward_expand(gf, y);
@@ -685,8 +693,8 @@ static int mode_bench(int argc, char ** argv) {
     }
     const double weights = (double) nm * in * out;
     const char * isa = getenv("GGML_VQ_ISA");
-    printf("bench isa=%s v=%d K1=%d K2=%d in=%lld out=%lld ntok=%lld threads=%d mats=%d: %.3f ms, %.4f ns/weight/token (x threads: %.4f), %.1f GFLOP/s\n",
-           isa ? isa : "best", v, K1, K2, (long long) in, (long long) out, (long long) ntok, nth, nm, best * 1e3,
+    printf("bench isa=%s v=%d K1=%d K2=%d rs=%d in=%lld out=%lld ntok=%lld threads=%d mats=%d: %.3f ms, %.4f ns/weight/token (x threads: %.4f), %.1f GFLOP/s\n",
+           isa ? isa : "best", v, K1, K2, rscale, (long long) in, (long long) out, (long long) ntok, nth, nm, best * 1e3,
            best * 1e9 / (weights * ntok), best * 1e9 * nth / (weights * ntok), 2 * weights * ntok / best * 1e-9);
     free(work);
     ggml_free(ctx);
