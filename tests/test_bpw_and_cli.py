@@ -101,6 +101,22 @@ def test_preset_overrides_select_kinds_and_blocks():
         parse_tensor_config("ffn_down:bits=3", base.config)
 
 
+def test_quantize_flags_keep_the_presets_overrides_unless_they_change_the_geometry():
+    import argparse
+
+    from vq_export.cli import add_quantize, preset_from_args
+    parser = argparse.ArgumentParser()
+    add_quantize(parser)
+    base = quantize.PRESETS["2bit-shared"]
+    refit = preset_from_args(parser.parse_args(["--preset", "2bit-shared", "--refit-rounds", "0"]))
+    assert [key for key, _ in refit.overrides] == [key for key, _ in base.overrides] and refit.share == base.share
+    for name in ("blk.0.ffn_down.weight", "blk.29.ffn_down.weight", "blk.5.attn_v.weight", "blk.5.ffn_up.weight"):
+        cfg, was = refit.config_for(name, 30), base.config_for(name, 30)
+        assert (cfg.v, cfg.k, cfg.row_scale, cfg.refit_rounds) == (was.v, was.k, was.row_scale, 0)
+    wider = preset_from_args(parser.parse_args(["--preset", "2bit-shared", "--v", "4", "--k", "256"]))
+    assert wider.overrides == () and (wider.config_for("blk.5.attn_v.weight", 30).v, wider.config.k) == (4, 256)
+
+
 @pytest.mark.parametrize("name, budget", [("2bit", 2.1), ("2bit-shared", 2.1), ("3bit", 3.1), ("3bit-shared", 3.1), ("4bit", 4.1)])
 def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budget):
     """Index bits, F16 codebooks (a shared one once) and F16 row scales of every block linear of the default model,

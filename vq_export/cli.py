@@ -48,17 +48,20 @@ def cmd_build(args) -> None:
     print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
 
 
-def cmd_quantize(args) -> Path:
+def preset_from_args(args):
+    """The preset named by --preset with the quantize flags applied. A flag that changes the geometry (v, k,
+    k_res) replaces the preset's per-tensor overrides; the other settings apply to them too."""
     import dataclasses
 
-    from .quantize import PRESETS, quantize_model
+    from .quantize import PRESETS
 
     preset = PRESETS[args.preset]
     changes = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
     if changes:
-        cfg = dataclasses.replace(preset.config, **changes)
+        geometry = any(k in GEOMETRY_FLAGS for k in changes)
+        overrides = () if geometry else tuple((key, dataclasses.replace(c, **changes)) for key, c in preset.overrides)
         preset = dataclasses.replace(preset, name=preset.name + "".join(f"-{k}-{v}" for k, v in changes.items()),
-                                     config=cfg, overrides=())
+                                     config=dataclasses.replace(preset.config, **changes), overrides=overrides)
     if args.tensor_config:
         import hashlib
         tag = hashlib.sha256(" ".join(args.tensor_config).encode()).hexdigest()[:8]
@@ -74,6 +77,13 @@ def cmd_quantize(args) -> Path:
         preset = dataclasses.replace(preset, n_calib=args.calib_windows)
     if args.finetune_steps is not None:
         preset = dataclasses.replace(preset, finetune_steps=args.finetune_steps)
+    return preset
+
+
+def cmd_quantize(args) -> Path:
+    from .quantize import quantize_model
+
+    preset = preset_from_args(args)
     model = load_source(args.model)
     out = Path(args.out) if args.out else default_out(preset.name)
     path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
@@ -249,7 +259,7 @@ def parse_tensor_config(text: str, base) -> tuple[str, object]:
     return key, parse_config(settings, base)
 
 
-# per-tensor settings a quantize flag may override: (flag, type, help); the preset's overrides then no longer apply
+# per-tensor settings a quantize flag may override: (flag, type, help); see preset_from_args
 CONFIG_FLAGS = {
     "v": (int, "vector length"),
     "k": (int, "codebook size"),
@@ -260,6 +270,7 @@ CONFIG_FLAGS = {
     "col_norm": (parse_bool, "per-column scale and bias: true/false (vptq)"),
     "row_scale": (parse_bool, "per-output-channel scale: true/false (vptq)"),
 }
+GEOMETRY_FLAGS = ("v", "k", "k_res")  # these replace the preset's per-tensor overrides, the others apply to them
 
 
 def add_quantize(p: argparse.ArgumentParser) -> None:
@@ -267,7 +278,8 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     from .quantize import PRESETS
     p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
     for name, (typ, text) in CONFIG_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=text + " (overrides the preset)")
+        also = "; drops the preset's per-tensor overrides" if name in GEOMETRY_FLAGS else ", its per-tensor overrides included"
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=f"{text} (overrides the preset{also})")
     p.add_argument("--tensor-config", nargs="+", default=None, metavar="KIND[@BLOCKS]:SETTINGS",
                    help="other settings for some tensors, e.g. ffn_down@0,-1:v=2,k=64 (blocks counted from the end "
                         "when negative; before the preset's own overrides)")
