@@ -124,7 +124,7 @@ static bool vq_decx_only(void) {
 #define VQ_TILE_BYTES       (256*1024)  // decoded f32 rows per thread (gemm, scalar)
 #define VQ_LUT_MAX_BYTES    (256*1024)  // byte-plane tables per thread (lut)
 #define VQ_CHUNK            256         // columns of codes unpacked at a time (a multiple of 16)
-#define VQ_CX_PAD           8           // floats before and after centx's tables (v = 6 loads straddle centroids)
+#define VQ_CX_PAD           8           // values after centx's tables (a v = 6 load reads 8)
 
 enum vq_path {
     VQ_PATH_REF, VQ_PATH_SCALAR, VQ_PATH_CENT, VQ_PATH_LUT, VQ_PATH_GEMM,
@@ -163,9 +163,9 @@ static int64_t vq_lut_kp(int64_t K) {
     return K < 64 ? 64 : K;
 }
 
-// centx: the codebooks, main [G][K1][v] then residual [G][K2][v], with VQ_CX_PAD values either side
+// centx: the codebooks, main [G][K1][v] then residual [G][K2][v], then VQ_CX_PAD values
 static size_t vq_centx_table_bytes(const struct vq_geom * g) {
-    return ((size_t) g->G * (g->K1 + (g->b2 ? g->K2 : 0)) * g->v + 2 * VQ_CX_PAD) * sizeof(ggml_fp16_t);
+    return ((size_t) g->G * (g->K1 + (g->b2 ? g->K2 : 0)) * g->v + VQ_CX_PAD) * sizeof(ggml_fp16_t);
 }
 
 static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, int isa) {
@@ -1266,7 +1266,7 @@ static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr
 #define VQ_CENT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VQ_CENT_SET1(s) _mm256_set1_ps(s)
 #define VQ_CENT_STORE(p, a) _mm256_storeu_ps(p, a)
-#define VQ_CENT_GATHER(ptr, VP, v, end) vq_cent_gather256(ptr, VP)
+#define VQ_CENT_GATHER(ptr, VP, v, end) ((void) (end), vq_cent_gather256(ptr, VP)) // whole centroids: no load past the end
 #include "vq-cpu-cent.inc"
 
 static void vq_cent256_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t0, int nt, uint32_t * cbuf) {
@@ -1485,17 +1485,17 @@ static void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float
 // ---------------------------------------------------------------------------------------------------------
 // centx: one token, exact, weights without permutation, column norm or outliers (a row scale is allowed),
 // v in {2, 4, 6, 8}: cent's loads summed as ggml_vec_dot_f32 sums. A group of R vector rows at one column
-// fills NB vectors of 8 output rows (v = 2, 4, 8: R = 8 / v, NB = 1, no transposes; v = 6: R = 4, NB = 3,
-// a vector that straddles two vector rows is two loads and a blend), read from a copy of the fp16 codebooks
-// (padded for v = 6; half the cache footprint of f32 tables), widened, multiplied by the rows' scales as the
-// reference decoder multiplies them (after the codebook sum, rounded) and then with the broadcast
-// activation. ggml_vec_dot_f32 gives column j of a row to accumulator lane j mod GGML_F32_STEP, one fused
-// multiply-add per block of GGML_F32_STEP columns in turn, then reduces the lanes (GGML_F32_VEC_REDUCE) and
-// adds the products of the leftover columns one by one. Each lane is its own chain, so the chains can be
-// run 8 at a time: 8 accumulators (chains q0 .. q0 + 7, each holding 8 rows) take their column of every
-// block of a chunk of codes; the chains wait in memory between chunks, are transposed to rows at the end
-// and reduced with ggml's own macro. Every product meets its chain in the same order as in
-// ggml_vec_dot_f32.
+// fills NB vectors of 8 output rows (v = 2, 4, 8: R = 8 / v, NB = 1, no transposes; v = 6: R = 4, NB = 3:
+// four centroid loads, each vector two of them shifted and blended), read from a copy of the fp16 codebooks
+// (padded at the end: a v = 6 load reads 8 values; half the cache footprint of f32 tables), widened, multiplied by the
+// rows' scales as the reference decoder multiplies them (after the codebook sum, rounded) and then with the
+// broadcast activation. ggml_vec_dot_f32 gives column j of a row to accumulator lane j mod GGML_F32_STEP,
+// one fused multiply-add per block of GGML_F32_STEP columns in turn, then reduces the lanes
+// (GGML_F32_VEC_REDUCE) and adds the products of the leftover columns one by one. Each lane is its own
+// chain, so the chains can be run a few at a time (8 accumulators, each one chain of 8 rows; v = 6: 2 chains
+// of 3 vectors) over every block of a chunk of codes; the chains wait in memory between chunks, are
+// transposed to rows at the end and reduced with ggml's own macro. Every product meets its chain in the same
+// order as in ggml_vec_dot_f32.
 
 #if defined(VQ_HAVE_CENTX)
 
@@ -1504,76 +1504,56 @@ static VQ_ALWAYS_INLINE int vq_centx_group(int v) {
     return v == 6 ? 4 : 8 / v;
 }
 
-// vector b (output rows 8b .. 8b + 7 of the group) of the fp16 table T (V values per centroid) for the
-// group's centroids q[0 .. R), widened; v = 6 reads up to 6 values either side of a centroid (VQ_CX_PAD)
-static VQ_ALWAYS_INLINE __m256 vq_centx_load(const ggml_fp16_t * T, const uint32_t * q, const int V, const int b) {
-    __m128i h;
+// the group's weights at one column as NB vectors of 8 rows: codes cb[k * VQ_CHUNK] of vector rows k < R,
+// centroids from the fp16 tables T1 (main) and T2 (residual) of the column's group, times the rows' scales u
+static VQ_ALWAYS_INLINE __m128i vq_centx_load(const ggml_fp16_t * T, const uint32_t * q, const int V) {
     if (V == 8) {
-        h = _mm_loadu_si128((const __m128i *) (T + 8 * (size_t) q[0]));
-    } else if (V == 6) { // vector row b from element 2b on, the lanes past its end from vector row b + 1
-        const __m128i lo = _mm_loadu_si128((const __m128i *) (T + 6 * (size_t) q[b] + 2 * b));
-        const __m128i hi = _mm_loadu_si128((const __m128i *) (T + 6 * (size_t) q[b + 1] - (6 - 2 * b)));
-        h = b == 0 ? _mm_blend_epi16(lo, hi, 0xC0) : b == 1 ? _mm_blend_epi16(lo, hi, 0xF0) : _mm_blend_epi16(lo, hi, 0xFC);
-    } else if (V == 4) {
-        h = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[0])), _mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[1])));
-    } else {
-        int32_t e[4];
-        for (int k = 0; k < 4; ++k) {
-            memcpy(&e[k], T + 2 * (size_t) q[k], sizeof(int32_t));
-        }
-        h = _mm_setr_epi32(e[0], e[1], e[2], e[3]);
+        return _mm_loadu_si128((const __m128i *) (T + 8 * (size_t) q[0]));
     }
-    return _mm256_cvtph_ps(h);
+    if (V == 4) {
+        return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[0])), _mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[1])));
+    }
+    int32_t e[4];
+    for (int k = 0; k < 4; ++k) {
+        memcpy(&e[k], T + 2 * (size_t) q[k], sizeof(int32_t));
+    }
+    return _mm_setr_epi32(e[0], e[1], e[2], e[3]);
 }
 
-// vector b of the group's weights at one column: codes cb[k * VQ_CHUNK] of vector rows k < R, centroids
-// from the f32 tables T1 (main) and T2 (residual) of the column's group, times the rows' scales u
-static VQ_ALWAYS_INLINE __m256 vq_centx_w(const uint32_t * cb, const ggml_fp16_t * T1, const ggml_fp16_t * T2, uint32_t m1, int b1,
-                                          __m256 u, const int V, const int b, const bool RES, const bool RS) {
+// v = 6, vector b: rows 8b .. 8b + 7 of the group are elements 2b .. 5 of centroid b, then the first of b + 1
+static VQ_ALWAYS_INLINE __m128i vq_centx6_vec(__m128i cb, __m128i cb1, const int b) {
+    return b == 0 ? _mm_blend_epi16(cb, _mm_slli_si128(cb1, 12), 0xC0)
+         : b == 1 ? _mm_blend_epi16(_mm_srli_si128(cb, 4), _mm_slli_si128(cb1, 8), 0xF0)
+                  : _mm_blend_epi16(_mm_srli_si128(cb, 8), _mm_slli_si128(cb1, 4), 0xFC);
+}
+
+static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t * T1, const ggml_fp16_t * T2, uint32_t m1,
+                                        int b1, const __m256 * u, __m256 * w, const int V, const bool RES, const bool RS) {
     uint32_t q[4], r[4];
     for (int k = 0; k < vq_centx_group(V); ++k) {
         const uint32_t code = cb[k * VQ_CHUNK];
         q[k] = RES ? code & m1 : code; // without a residual a code is b1 bits
         r[k] = RES ? code >> b1 : 0;
     }
-    __m256 w = vq_centx_load(T1, q, V, b);
-    w = RES ? _mm256_add_ps(w, vq_centx_load(T2, r, V, b)) : w;
-    return RS ? _mm256_mul_ps(w, u) : w;
-}
-
-// one chunk of codes (columns [j0, j0 + n)) into the chains of vector b (a constant, so that the blends and
-// code picks of vq_centx_load are fixed at compile time)
-static VQ_ALWAYS_INLINE void vq_centx_chunk(const struct vq_call * c, const uint32_t * cbuf, const ggml_fp16_t * T, const float * x,
-                                            int64_t j0, int64_t n, __m256 * chain, float * left, __m256 u,
-                                            const int V, const int b, const bool RES, const bool G1, const bool RS) {
-    enum { STEP = GGML_F32_STEP };
-    const int64_t in = c->g.in, gcols = c->g.gcols, np = in & ~(int64_t) (STEP - 1), je = MIN(j0 + n, np);
-    const uint32_t m1 = (uint32_t) (c->g.K1 - 1);
-    const int b1 = c->g.b1;
-    for (int q0 = 0; q0 < STEP; q0 += 8) {
-        __m256 acc[8];
-        for (int i = 0; i < 8; ++i) {
-            acc[i] = chain[q0 + i];
+    __m128i h1[3], h2[3];
+    if (V == 6) {
+        __m128i c1[4], c2[4];
+        for (int k = 0; k < 4; ++k) {
+            c1[k] = _mm_loadu_si128((const __m128i *) (T1 + 6 * (size_t) q[k]));
+            c2[k] = RES ? _mm_loadu_si128((const __m128i *) (T2 + 6 * (size_t) r[k])) : c1[k];
         }
-        for (int64_t js = j0 + q0; js < je; js += STEP) {
-            const int64_t g = G1 ? 0 : js / gcols; // 8 columns never straddle groups (gcols % 8 == 0)
-            const ggml_fp16_t * T1 = T + g * c->g.K1 * V;
-            const ggml_fp16_t * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
-            const uint32_t * cb = cbuf + (js - j0);
-            for (int i = 0; i < 8; ++i) {
-                acc[i] = _mm256_fmadd_ps(vq_centx_w(cb + i, T1, T2, m1, b1, u, V, b, RES, RS), _mm256_broadcast_ss(x + js + i), acc[i]);
-            }
+        for (int b = 0; b < 3; ++b) {
+            h1[b] = vq_centx6_vec(c1[b], c1[b + 1], b);
+            h2[b] = vq_centx6_vec(c2[b], c2[b + 1], b);
         }
-        for (int i = 0; i < 8; ++i) {
-            chain[q0 + i] = acc[i];
-        }
+    } else {
+        h1[0] = vq_centx_load(T1, q, V);
+        h2[0] = RES ? vq_centx_load(T2, r, V) : h1[0];
     }
-    for (int64_t j = MAX(j0, np); j < j0 + n; ++j) {
-        const int64_t g = j / gcols;
-        const ggml_fp16_t * T1 = T + g * c->g.K1 * V;
-        const ggml_fp16_t * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
-        const __m256 w = vq_centx_w(cbuf + (j - j0), T1, T2, m1, b1, u, V, b, RES, RS);
-        _mm256_storeu_ps(left + (j - np) * 8, _mm256_mul_ps(w, _mm256_set1_ps(x[j])));
+    for (int b = 0; b < (V == 6 ? 3 : 1); ++b) {
+        w[b] = _mm256_cvtph_ps(h1[b]);
+        w[b] = RES ? _mm256_add_ps(w[b], _mm256_cvtph_ps(h2[b])) : w[b];
+        w[b] = RS ? _mm256_mul_ps(w[b], u[b]) : w[b];
     }
 }
 
@@ -1581,7 +1561,10 @@ static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, 
                                            const int V, const bool RES, const bool G1, const bool RS) {
     enum { STEP = GGML_F32_STEP, NBMAX = 3 };
     const int R = vq_centx_group(V), NB = R * V / 8;
-    const int64_t in = c->g.in, np = in & ~(int64_t) (STEP - 1);
+    const int NC = NB == 1 ? 8 : 2;     // chains at a time: NB * NC accumulators
+    const int64_t in = c->g.in, gcols = c->g.gcols, np = in & ~(int64_t) (STEP - 1);
+    const uint32_t m1 = (uint32_t) (c->g.K1 - 1);
+    const int b1 = c->g.b1;
     const float * x = vq_src_row(c, 0);
     __m256 chain[NBMAX][STEP];          // chain[b][q]: lane q of ggml_vec_dot_f32's accumulators, for vector b's 8 rows
     float  left[NBMAX][(STEP - 1) * 8]; // products of the leftover columns [np, in), 8 rows each
@@ -1593,14 +1576,43 @@ static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, 
         }
     }
     for (int64_t j0 = 0; j0 < in; j0 += VQ_CHUNK) {
-        const int64_t n = MIN(VQ_CHUNK, in - j0);
+        const int64_t n = MIN(VQ_CHUNK, in - j0), je = MIN(j0 + n, np);
         for (int k = 0; k < R; ++k) {
             vq_unpack(c, p + k, j0, n, cbuf + k * VQ_CHUNK);
         }
-        vq_centx_chunk(c, cbuf, T, x, j0, n, chain[0], left[0], u[0], V, 0, RES, G1, RS);
-        if (NB > 1) { // NB is 1 or 3
-            vq_centx_chunk(c, cbuf, T, x, j0, n, chain[1], left[1], u[1], V, 1, RES, G1, RS);
-            vq_centx_chunk(c, cbuf, T, x, j0, n, chain[2], left[2], u[2], V, 2, RES, G1, RS);
+        for (int q0 = 0; q0 < STEP; q0 += NC) {
+            __m256 acc[NBMAX][8];
+            for (int b = 0; b < NB; ++b) {
+                for (int i = 0; i < NC; ++i) {
+                    acc[b][i] = chain[b][q0 + i];
+                }
+            }
+            for (int64_t js = j0 + q0; js < je; js += STEP) {
+                const int64_t g = G1 ? 0 : js / gcols; // 8 columns never straddle groups (gcols % 8 == 0)
+                const ggml_fp16_t * T1 = T + g * c->g.K1 * V;
+                const ggml_fp16_t * T2 = T + (c->g.G * c->g.K1 + g * c->g.K2) * V;
+                for (int i = 0; i < NC; ++i) {
+                    __m256 w[NBMAX];
+                    vq_centx_w(cbuf + (js - j0) + i, T1, T2, m1, b1, u, w, V, RES, RS);
+                    const __m256 xb = _mm256_broadcast_ss(x + js + i);
+                    for (int b = 0; b < NB; ++b) {
+                        acc[b][i] = _mm256_fmadd_ps(w[b], xb, acc[b][i]);
+                    }
+                }
+            }
+            for (int b = 0; b < NB; ++b) {
+                for (int i = 0; i < NC; ++i) {
+                    chain[b][q0 + i] = acc[b][i];
+                }
+            }
+        }
+        for (int64_t j = MAX(j0, np); j < j0 + n; ++j) {
+            const int64_t g = j / gcols;
+            __m256 w[NBMAX];
+            vq_centx_w(cbuf + (j - j0), T + g * c->g.K1 * V, T + (c->g.G * c->g.K1 + g * c->g.K2) * V, m1, b1, u, w, V, RES, RS);
+            for (int b = 0; b < NB; ++b) {
+                _mm256_storeu_ps(left[b] + (j - np) * 8, _mm256_mul_ps(w[b], _mm256_set1_ps(x[j])));
+            }
         }
     }
     float * y = vq_y_row(c, 0) + p * V;
@@ -1642,11 +1654,9 @@ static void vq_centx_group_rows(const struct vq_call * c, int64_t p, const ggml_
 }
 
 // rows [p0, p1) of one token: R vector rows at a time, decx for the last few
-static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, ggml_fp16_t * tab, float * tile, uint32_t * cbuf) {
+static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, ggml_fp16_t * T, float * tile, uint32_t * cbuf) {
     const int64_t R = vq_centx_group(c->g.v);
     const int64_t n1 = c->g.G * c->g.K1 * c->g.v, n2 = c->g.b2 ? c->g.G * c->g.K2 * c->g.v : 0;
-    ggml_fp16_t * T = tab + VQ_CX_PAD;
-    memset(tab, 0, VQ_CX_PAD * sizeof(ggml_fp16_t));
     memcpy(T, c->L.codebook, n1 * sizeof(ggml_fp16_t));
     if (n2) {
         memcpy(T + n1, c->L.res_codebook, n2 * sizeof(ggml_fp16_t));
