@@ -1504,8 +1504,7 @@ static VQ_ALWAYS_INLINE int vq_centx_group(int v) {
     return v == 6 ? 4 : 8 / v;
 }
 
-// the group's weights at one column as NB vectors of 8 rows: codes cb[k * VQ_CHUNK] of vector rows k < R,
-// centroids from the fp16 tables T1 (main) and T2 (residual) of the column's group, times the rows' scales u
+// v in {2, 4, 8}: the 8 / v centroids q[0 .. 8/v) of the fp16 table T side by side, not yet widened
 static VQ_ALWAYS_INLINE __m128i vq_centx_load(const ggml_fp16_t * T, const uint32_t * q, const int V) {
     if (V == 8) {
         return _mm_loadu_si128((const __m128i *) (T + 8 * (size_t) q[0]));
@@ -1527,6 +1526,8 @@ static VQ_ALWAYS_INLINE __m128i vq_centx6_vec(__m128i cb, __m128i cb1, const int
                   : _mm_blend_epi16(_mm_srli_si128(cb, 8), _mm_slli_si128(cb1, 4), 0xFC);
 }
 
+// the group's weights at one column as NB vectors of 8 rows (w): codes cb[k * VQ_CHUNK] of vector rows k < R,
+// centroids from the fp16 tables T1 (main) and T2 (residual) of the column's group, times the rows' scales u
 static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t * T1, const ggml_fp16_t * T2, uint32_t m1,
                                         int b1, const __m256 * u, __m256 * w, const int V, const bool RES, const bool RS) {
     uint32_t q[4], r[4];
