@@ -17,7 +17,7 @@
 //           widened and multiplied with the broadcast activation.
 //   one token (generation), exact: bitwise ggml_vec_dot_f32 on the reference decoder's weights
 //     lutx  AVX-512 VBMI, K1 and K2 <= 256: lut's lookups, summed in ggml_vec_dot_f32's order.
-//     centx AVX2 and up, no permutation, norm or outliers (row scale allowed), v in {2, 4, 6, 8}: cent's
+//     centx AVX2 and up, no permutation, norm or outliers (row scale allowed), v in {2, 3, 4, 6, 8}: cent's
 //           loads from a padded copy of the fp16 codebooks, each of ggml_vec_dot_f32's accumulator lanes
 //           run as its own chain.
 //     decx  anything else: rows decoded, then ggml_vec_dot_f32.
@@ -124,7 +124,7 @@ static bool vq_decx_only(void) {
 #define VQ_TILE_BYTES       (256*1024)  // decoded f32 rows per thread (gemm, scalar)
 #define VQ_LUT_MAX_BYTES    (256*1024)  // byte-plane tables per thread (lut)
 #define VQ_CHUNK            256         // columns of codes unpacked at a time (a multiple of 16)
-#define VQ_CX_PAD           8           // values after centx's tables (a v = 6 load reads 8)
+#define VQ_CX_PAD           8           // values after centx's tables (a v = 6 load reads 8, a v = 3 load 4)
 
 enum vq_path {
     VQ_PATH_REF, VQ_PATH_SCALAR, VQ_PATH_CENT, VQ_PATH_LUT, VQ_PATH_GEMM,
@@ -208,7 +208,7 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     const bool lutx = isa >= VQ_ISA_VBMI && g->b1 <= 8 && g->b2 <= 8 && lut_bytes <= VQ_LUT_MAX_BYTES && (!g->perm || g->G <= 16);
 #if defined(VQ_HAVE_CENTX)
     const bool centx = !vq_decx_only() && isa >= VQ_ISA_AVX2 && !perm && !norm && !ocols &&
-                       (g->v == 2 || g->v == 4 || g->v == 6 || g->v == 8) &&
+                       (g->v == 2 || g->v == 3 || g->v == 4 || g->v == 6 || g->v == 8) &&
                        (g->G == 1 || g->gcols % 8 == 0) && vq_centx_table_bytes(g) <= VQ_LUT_MAX_BYTES;
 #else
     const bool centx = false;
@@ -1240,22 +1240,23 @@ static void vq_cent512_rows(const struct vq_call * c, int64_t p0, int64_t p1, in
 
 #if defined(VQ_HAVE_AVX2)
 
-// 8 fp16 -> f32: R = 8 / V centroids of V in {2, 4, 8} values
-static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr, const int V) {
-    __m128i h;
+// 8 fp16 values side by side, not yet widened: R = 8 / V centroids of V in {2, 4, 8} values (cent and centx)
+static VQ_ALWAYS_INLINE __m128i vq_cent_load128(const ggml_fp16_t * const * ptr, const int V) {
     if (V == 8) {
-        h = _mm_loadu_si128((const __m128i *) ptr[0]);
-    } else if (V == 4) {
-        h = _mm_loadl_epi64((const __m128i *) ptr[0]);
-        h = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(h), (const double *) ptr[1]));
-    } else {
-        int32_t w[4];
-        for (int i = 0; i < 4; ++i) {
-            memcpy(&w[i], ptr[i], 4);
-        }
-        h = _mm_set_epi32(w[3], w[2], w[1], w[0]);
+        return _mm_loadu_si128((const __m128i *) ptr[0]);
     }
-    return _mm256_cvtph_ps(h);
+    if (V == 4) {
+        return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) ptr[0]), _mm_loadl_epi64((const __m128i *) ptr[1]));
+    }
+    int32_t w[4];
+    for (int i = 0; i < 4; ++i) {
+        memcpy(&w[i], ptr[i], 4);
+    }
+    return _mm_setr_epi32(w[0], w[1], w[2], w[3]);
+}
+
+static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr, const int V) {
+    return _mm256_cvtph_ps(vq_cent_load128(ptr, V));
 }
 
 #define VQ_CENT_NAME vq_cent256_rows_impl
@@ -1484,15 +1485,16 @@ static void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float
 
 // ---------------------------------------------------------------------------------------------------------
 // centx: one token, exact, weights without permutation, column norm or outliers (a row scale is allowed),
-// v in {2, 4, 6, 8}: cent's loads summed as ggml_vec_dot_f32 sums. A group of R vector rows at one column
-// fills NB vectors of 8 output rows (v = 2, 4, 8: R = 8 / v, NB = 1, no transposes; v = 6: R = 4, NB = 3:
-// four centroid loads, each vector two of them shifted and blended), read from a copy of the fp16 codebooks
-// (padded at the end: a v = 6 load reads 8 values; half the cache footprint of f32 tables), widened, multiplied by the
+// v in {2, 3, 4, 6, 8}: cent's loads summed as ggml_vec_dot_f32 sums. A group of R vector rows at one column
+// fills NB vectors of 8 lanes (v = 2, 4, 8: R = 8 / v, NB = 1, no transposes; v = 6: R = 4, NB = 3:
+// four centroid loads, each vector two of them shifted and blended; v = 3: R = 8, NB = 4, two centroids of
+// 4 values per vector, every fourth lane unused), read from a copy of the fp16 codebooks (padded at the end:
+// a v = 6 load reads 8 values, a v = 3 load 4; half the cache footprint of f32 tables), widened, multiplied by the
 // rows' scales as the reference decoder multiplies them (after the codebook sum, rounded) and then with the
 // broadcast activation. ggml_vec_dot_f32 gives column j of a row to accumulator lane j mod GGML_F32_STEP,
 // one fused multiply-add per block of GGML_F32_STEP columns in turn, then reduces the lanes
 // (GGML_F32_VEC_REDUCE) and adds the products of the leftover columns one by one. Each lane is its own
-// chain, so the chains can be run a few at a time (8 accumulators, each one chain of 8 rows; v = 6: 2 chains
+// chain, so the chains can be run a few at a time (8 accumulators, each one chain of 8 rows; v = 3, 6: 2 chains
 // of 3 vectors) over every block of a chunk of codes; the chains wait in memory between chunks, are
 // transposed to rows at the end and reduced with ggml's own macro. Every product meets its chain in the same
 // order as in ggml_vec_dot_f32.
@@ -1501,22 +1503,17 @@ static void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float
 
 // vector rows per group: the fewest whose v * R output rows are whole vectors of 8
 static VQ_ALWAYS_INLINE int vq_centx_group(int v) {
-    return v == 6 ? 4 : 8 / v;
+    return v == 6 ? 4 : v == 3 ? 8 : 8 / v;
 }
 
-// v in {2, 4, 8}: the 8 / v centroids q[0 .. 8/v) of the fp16 table T side by side, not yet widened
-static VQ_ALWAYS_INLINE __m128i vq_centx_load(const ggml_fp16_t * T, const uint32_t * q, const int V) {
-    if (V == 8) {
-        return _mm_loadu_si128((const __m128i *) (T + 8 * (size_t) q[0]));
-    }
-    if (V == 4) {
-        return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[0])), _mm_loadl_epi64((const __m128i *) (T + 4 * (size_t) q[1])));
-    }
-    int32_t e[4];
-    for (int k = 0; k < 4; ++k) {
-        memcpy(&e[k], T + 2 * (size_t) q[k], sizeof(int32_t));
-    }
-    return _mm_setr_epi32(e[0], e[1], e[2], e[3]);
+// vectors of 8 lanes per group; v = 3 gives each centroid 4 lanes (the last one unused): 4 vectors, not 3
+static VQ_ALWAYS_INLINE int vq_centx_nvec(int v) {
+    return v == 3 ? 4 : vq_centx_group(v) * v / 8;
+}
+
+// the output row (within the group) of lane l of vector b, -1 for an unused lane
+static VQ_ALWAYS_INLINE int vq_centx_row(int v, int b, int l) {
+    return v != 3 ? 8 * b + l : l % 4 == 3 ? -1 : 6 * b + 3 * (l / 4) + l % 4;
 }
 
 // v = 6, vector b: rows 8b .. 8b + 7 of the group are elements 2b .. 5 of centroid b, then the first of b + 1
@@ -1530,14 +1527,24 @@ static VQ_ALWAYS_INLINE __m128i vq_centx6_vec(__m128i cb, __m128i cb1, const int
 // centroids from the fp16 tables T1 (main) and T2 (residual) of the column's group, times the rows' scales u
 static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t * T1, const ggml_fp16_t * T2, uint32_t m1,
                                         int b1, const __m256 * u, __m256 * w, const int V, const bool RES, const bool RS) {
-    uint32_t q[4], r[4];
+    uint32_t q[8], r[8];
     for (int k = 0; k < vq_centx_group(V); ++k) {
         const uint32_t code = cb[k * VQ_CHUNK];
         q[k] = RES ? code & m1 : code; // without a residual a code is b1 bits
         r[k] = RES ? code >> b1 : 0;
     }
-    __m128i h1[3], h2[3];
-    if (V == 6) {
+    __m128i h1[4], h2[4];
+    if (V == 3) {
+        __m128i c1[8], c2[8];
+        for (int k = 0; k < 8; ++k) {
+            c1[k] = _mm_loadl_epi64((const __m128i *) (T1 + 3 * (size_t) q[k]));
+            c2[k] = RES ? _mm_loadl_epi64((const __m128i *) (T2 + 3 * (size_t) r[k])) : c1[k];
+        }
+        for (int b = 0; b < 4; ++b) {
+            h1[b] = _mm_unpacklo_epi64(c1[2 * b], c1[2 * b + 1]);
+            h2[b] = _mm_unpacklo_epi64(c2[2 * b], c2[2 * b + 1]);
+        }
+    } else if (V == 6) {
         __m128i c1[4], c2[4];
         for (int k = 0; k < 4; ++k) {
             c1[k] = _mm_loadu_si128((const __m128i *) (T1 + 6 * (size_t) q[k]));
@@ -1548,10 +1555,15 @@ static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t *
             h2[b] = vq_centx6_vec(c2[b], c2[b + 1], b);
         }
     } else {
-        h1[0] = vq_centx_load(T1, q, V);
-        h2[0] = RES ? vq_centx_load(T2, r, V) : h1[0];
+        const ggml_fp16_t * p1[4], * p2[4];
+        for (int k = 0; k < 8 / V; ++k) {
+            p1[k] = T1 + V * (size_t) q[k];
+            p2[k] = T2 + V * (size_t) r[k];
+        }
+        h1[0] = vq_cent_load128(p1, V);
+        h2[0] = RES ? vq_cent_load128(p2, V) : h1[0];
     }
-    for (int b = 0; b < (V == 6 ? 3 : 1); ++b) {
+    for (int b = 0; b < vq_centx_nvec(V); ++b) {
         w[b] = _mm256_cvtph_ps(h1[b]);
         w[b] = RES ? _mm256_add_ps(w[b], _mm256_cvtph_ps(h2[b])) : w[b];
         w[b] = RS ? _mm256_mul_ps(w[b], u[b]) : w[b];
@@ -1560,8 +1572,8 @@ static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t *
 
 static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, const ggml_fp16_t * T, uint32_t * cbuf,
                                            const int V, const bool RES, const bool G1, const bool RS) {
-    enum { STEP = GGML_F32_STEP, NBMAX = 3 };
-    const int R = vq_centx_group(V), NB = R * V / 8;
+    enum { STEP = GGML_F32_STEP, NBMAX = 4 };
+    const int NB = vq_centx_nvec(V), R = vq_centx_group(V);
     const int NC = NB == 1 ? 8 : 2;     // chains at a time: NB * NC accumulators
     const int64_t in = c->g.in, gcols = c->g.gcols, np = in & ~(int64_t) (STEP - 1);
     const uint32_t m1 = (uint32_t) (c->g.K1 - 1);
@@ -1571,7 +1583,12 @@ static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, 
     float  left[NBMAX][(STEP - 1) * 8]; // products of the leftover columns [np, in), 8 rows each
     __m256 u[NBMAX];
     for (int b = 0; b < NB; ++b) {
-        u[b] = RS ? _mm256_loadu_ps(c->L.row_scale + p * V + 8 * b) : _mm256_setzero_ps();
+        float ub[8] = {0};
+        for (int l = 0; l < 8 && RS; ++l) {
+            const int row = vq_centx_row(V, b, l);
+            ub[l] = row < 0 ? 0.0f : c->L.row_scale[p * V + row];
+        }
+        u[b] = _mm256_loadu_ps(ub);
         for (int q = 0; q < STEP; ++q) {
             chain[b][q] = _mm256_setzero_ps();
         }
@@ -1635,7 +1652,9 @@ static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, 
             for (int64_t j = np; j < in; ++j) {
                 sumf += left[b][(j - np) * 8 + k];
             }
-            y[8 * b + k] = sumf;
+            if (vq_centx_row(V, b, k) >= 0) {
+                y[vq_centx_row(V, b, k)] = sumf;
+            }
         }
     }
 }
@@ -1646,8 +1665,9 @@ static void vq_centx_group_rows(const struct vq_call * c, int64_t p, const ggml_
     const bool g1 = c->g.G == 1;
     const bool rs = c->L.row_scale != NULL; // F16 row scales are widened to f32 once per call
 #define VQ_CX_CASE(V, RES, G1, RS) if (v == V && res == RES && g1 == G1 && rs == RS) { vq_centx_impl(c, p, T, cbuf, V, RES, G1, RS); return; }
-#define VQ_CX_CASES(G1, RS) VQ_CX_CASE(2, false, G1, RS) VQ_CX_CASE(4, false, G1, RS) VQ_CX_CASE(6, false, G1, RS) VQ_CX_CASE(8, false, G1, RS) \
-                            VQ_CX_CASE(2, true, G1, RS)  VQ_CX_CASE(4, true, G1, RS)  VQ_CX_CASE(6, true, G1, RS)  VQ_CX_CASE(8, true, G1, RS)
+#define VQ_CX_CASES(G1, RS) VQ_CX_CASE(2, false, G1, RS) VQ_CX_CASE(3, false, G1, RS) VQ_CX_CASE(4, false, G1, RS) VQ_CX_CASE(6, false, G1, RS) \
+                            VQ_CX_CASE(8, false, G1, RS) VQ_CX_CASE(2, true, G1, RS)  VQ_CX_CASE(3, true, G1, RS)  VQ_CX_CASE(4, true, G1, RS)  \
+                            VQ_CX_CASE(6, true, G1, RS)  VQ_CX_CASE(8, true, G1, RS)
     VQ_CX_CASES(true, false) VQ_CX_CASES(false, false) VQ_CX_CASES(true, true) VQ_CX_CASES(false, true)
 #undef VQ_CX_CASES
 #undef VQ_CX_CASE
