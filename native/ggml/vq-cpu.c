@@ -12,7 +12,8 @@
 //           permutes (vpermb / vpermt2b), re-interleaved into fp16, widened to f32 and multiplied with 64
 //           consecutive activations. 8-bit codes are read in place, other widths are unpacked per vector
 //           row into byte indices first.
-//     cent  AVX-512 (v <= 16) or AVX2 (v in {2, 4, 8}), any K: 16/v (8/v) vector rows at one input column
+//     cent  AVX-512 (v <= 16) or AVX2 (v in {2, 3, 4, 6, 8}), any K: 16/VP (8/VP) vector rows at one input column
+//           (VP: v rounded up to a power of two; lanes past v are computed, never stored)
 //           at a time; their centroids, read as fp16 straight from the codebook, fill one vector that is
 //           widened and multiplied with the broadcast activation.
 //   one token (generation), exact: bitwise ggml_vec_dot_f32 on the reference decoder's weights
@@ -201,7 +202,7 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     // lut costs the same per weight whatever v, cent costs per code: lut for short vectors (measured, docs/kernels.md)
     const bool   lut  = isa >= VQ_ISA_VBMI && g->b1 <= 8 && g->b2 <= 8 && g->v < 8 && lut_bytes <= VQ_LUT_MAX_BYTES;
     const bool   cent = (isa >= VQ_ISA_AVX512 && g->v >= 2 && g->v <= 16) ||
-                        (isa >= VQ_ISA_AVX2 && (g->v == 2 || g->v == 4 || g->v == 8));
+                        (isa >= VQ_ISA_AVX2 && g->v >= 2 && g->v <= 8 && g->v != 5 && g->v != 7);
     // One token (generation): exact, i.e. bitwise the F32 matmul of the decoded weight (ggml_vec_dot_f32 on
     // the reference decoder's values), so that a VQ file gives exactly the logits of its decoded F32 file;
     // rounding differences would otherwise be amplified by the Q8 activations of other layers.
@@ -1255,8 +1256,23 @@ static VQ_ALWAYS_INLINE __m128i vq_cent_load128(const ggml_fp16_t * const * ptr,
     return _mm_setr_epi32(w[0], w[1], w[2], w[3]);
 }
 
-static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr, const int V) {
-    return _mm256_cvtph_ps(vq_cent_load128(ptr, V));
+// the same for centroids of v < VP values (v = 3, 6) padded to VP lanes: loads of VP values, except where one
+// would pass the end of the codebook (its last centroids), whose values are copied instead; lanes past v are
+// computed but never stored
+static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr, const int VP, const int v, const ggml_fp16_t * end) {
+    if (v == VP) {
+        return _mm256_cvtph_ps(vq_cent_load128(ptr, VP));
+    }
+    ggml_fp16_t tail[4][8] = {{0}};
+    const ggml_fp16_t * q[4];
+    for (int i = 0; i < 8 / VP; ++i) {
+        q[i] = ptr[i];
+        if (ptr[i] + VP > end) {
+            memcpy(tail[i], ptr[i], v * sizeof(ggml_fp16_t));
+            q[i] = tail[i];
+        }
+    }
+    return _mm256_cvtph_ps(vq_cent_load128(q, VP));
 }
 
 #define VQ_CENT_NAME vq_cent256_rows_impl
@@ -1267,13 +1283,14 @@ static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr
 #define VQ_CENT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VQ_CENT_SET1(s) _mm256_set1_ps(s)
 #define VQ_CENT_STORE(p, a) _mm256_storeu_ps(p, a)
-#define VQ_CENT_GATHER(ptr, VP, v, end) ((void) (end), vq_cent_gather256(ptr, VP)) // whole centroids: no load past the end
+#define VQ_CENT_GATHER(ptr, VP, v, end) vq_cent_gather256(ptr, VP, v, end)
 #include "vq-cpu-cent.inc"
 
 static void vq_cent256_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t0, int nt, uint32_t * cbuf) {
     const int v = c->g.v;
+    const int VP = v <= 2 ? 2 : v <= 4 ? 4 : 8;
     const bool res = c->L.res_codebook != NULL;
-#define VQ_C2_CASE(NT, V, RES) if (nt == NT && v == V && res == RES) { vq_cent256_rows_impl(c, p0, p1, t0, NT, V, RES, cbuf); return; }
+#define VQ_C2_CASE(NT, V, RES) if (nt == NT && VP == V && res == RES) { vq_cent256_rows_impl(c, p0, p1, t0, NT, V, RES, cbuf); return; }
 #define VQ_C2_CASES(NT) VQ_C2_CASE(NT, 2, false) VQ_C2_CASE(NT, 4, false) VQ_C2_CASE(NT, 8, false) \
                         VQ_C2_CASE(NT, 2, true)  VQ_C2_CASE(NT, 4, true)  VQ_C2_CASE(NT, 8, true)
     VQ_C2_CASES(1) VQ_C2_CASES(2) VQ_C2_CASES(3) VQ_C2_CASES(4)
@@ -1372,9 +1389,9 @@ static VQ_ALWAYS_INLINE void vq_decx8_impl(const struct vq_call * c, int64_t p, 
                         r[k] = _mm256_add_ps(r[k], _mm256_cvtph_ps(vq_load8h_avx2(pr[0], Rend)));
                     }
                 } else {
-                    r[k] = vq_cent_gather256(pm, vv);
+                    r[k] = _mm256_cvtph_ps(vq_cent_load128(pm, vv));
                     if (RES) {
-                        r[k] = _mm256_add_ps(r[k], vq_cent_gather256(pr, vv));
+                        r[k] = _mm256_add_ps(r[k], _mm256_cvtph_ps(vq_cent_load128(pr, vv)));
                     }
                 }
             }
