@@ -1228,7 +1228,7 @@ static void vq_cent512_rows(const struct vq_call * c, int64_t p0, int64_t p1, in
     const int v = c->g.v;
     const int VP = v <= 2 ? 2 : v <= 4 ? 4 : v <= 8 ? 8 : 16;
     const bool res = c->L.res_codebook != NULL;
-#define VQ_C5_CASE(NT, VPc, RES) if (nt == NT && VP == VPc && res == RES) { vq_cent512_rows_impl(c, p0, p1, t0, NT, VPc, RES, cbuf); return; }
+#define VQ_C5_CASE(NT, VPc, RES) if (nt == NT && VP == VPc && res == RES) { vq_cent512_rows_impl(c, p0, p1, t0, NT, VPc, true, RES, cbuf); return; }
 #define VQ_C5_CASES(NT) VQ_C5_CASE(NT, 2, false) VQ_C5_CASE(NT, 4, false) VQ_C5_CASE(NT, 8, false) VQ_C5_CASE(NT, 16, false) \
                         VQ_C5_CASE(NT, 2, true)  VQ_C5_CASE(NT, 4, true)  VQ_C5_CASE(NT, 8, true)  VQ_C5_CASE(NT, 16, true)
     VQ_C5_CASES(1) VQ_C5_CASES(2) VQ_C5_CASES(3) VQ_C5_CASES(4)
@@ -1263,11 +1263,12 @@ static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr
     if (v == VP) {
         return _mm256_cvtph_ps(vq_cent_load128(ptr, VP));
     }
-    ggml_fp16_t tail[4][8] = {{0}};
+    ggml_fp16_t tail[4][8];
     const ggml_fp16_t * q[4];
     for (int i = 0; i < 8 / VP; ++i) {
         q[i] = ptr[i];
         if (ptr[i] + VP > end) {
+            memset(tail[i], 0, sizeof(tail[i]));
             memcpy(tail[i], ptr[i], v * sizeof(ggml_fp16_t));
             q[i] = tail[i];
         }
@@ -1290,10 +1291,11 @@ static void vq_cent256_rows(const struct vq_call * c, int64_t p0, int64_t p1, in
     const int v = c->g.v;
     const int VP = v <= 2 ? 2 : v <= 4 ? 4 : 8;
     const bool res = c->L.res_codebook != NULL;
-#define VQ_C2_CASE(NT, V, RES) if (nt == NT && VP == V && res == RES) { vq_cent256_rows_impl(c, p0, p1, t0, NT, V, RES, cbuf); return; }
-#define VQ_C2_CASES(NT) VQ_C2_CASE(NT, 2, false) VQ_C2_CASE(NT, 4, false) VQ_C2_CASE(NT, 8, false) \
-                        VQ_C2_CASE(NT, 2, true)  VQ_C2_CASE(NT, 4, true)  VQ_C2_CASE(NT, 8, true)
-    VQ_C2_CASES(1) VQ_C2_CASES(2) VQ_C2_CASES(3) VQ_C2_CASES(4)
+#define VQ_C2_CASE(NT, V, PAD, RES) if (nt == NT && VP == V && (v != VP) == PAD && res == RES) { vq_cent256_rows_impl(c, p0, p1, t0, NT, V, PAD, RES, cbuf); return; }
+#define VQ_C2_CASES(NT, RES) VQ_C2_CASE(NT, 2, false, RES) VQ_C2_CASE(NT, 4, false, RES) VQ_C2_CASE(NT, 8, false, RES) \
+                             VQ_C2_CASE(NT, 4, true, RES)  VQ_C2_CASE(NT, 8, true, RES)
+    VQ_C2_CASES(1, false) VQ_C2_CASES(2, false) VQ_C2_CASES(3, false) VQ_C2_CASES(4, false)
+    VQ_C2_CASES(1, true)  VQ_C2_CASES(2, true)  VQ_C2_CASES(3, true)  VQ_C2_CASES(4, true)
 #undef VQ_C2_CASES
 #undef VQ_C2_CASE
     GGML_ABORT("vq cent256: no kernel for v=%d, %d tokens", v, nt);
