@@ -13,9 +13,9 @@
 //           consecutive activations. 8-bit codes are read in place, other widths are unpacked per vector
 //           row into byte indices first.
 //     cent  AVX-512 (v <= 16) or AVX2 (v in {2, 3, 4, 6, 8}), any K: 16/VP (8/VP) vector rows at one input column
-//           (VP: v rounded up to a power of two; lanes past v are computed, never stored)
-//           at a time; their centroids, read as fp16 straight from the codebook, fill one vector that is
-//           widened and multiplied with the broadcast activation.
+//           at a time (VP: v rounded up to a power of two, vq_cent_vp); their centroids, read as fp16
+//           straight from the codebook, fill one vector that is widened and multiplied with the broadcast
+//           activation.
 //   one token (generation), exact: bitwise ggml_vec_dot_f32 on the reference decoder's weights
 //     lutx  AVX-512 VBMI, K1 and K2 <= 256: lut's lookups, summed in ggml_vec_dot_f32's order.
 //     centx AVX2 and up, no permutation, norm or outliers (row scale allowed), v in {2, 3, 4, 6, 8}: cent's
@@ -126,6 +126,11 @@ static bool vq_decx_only(void) {
 #define VQ_LUT_MAX_BYTES    (256*1024)  // byte-plane tables per thread (lut)
 #define VQ_CHUNK            256         // columns of codes unpacked at a time (a multiple of 16)
 #define VQ_CX_PAD           8           // values after centx's tables (a v = 6 load reads 8, a v = 3 load 4)
+
+// cent's lanes per centroid: v rounded up to a power of two (lanes past v are computed, never stored)
+static inline int vq_cent_vp(int v) {
+    return v <= 2 ? 2 : v <= 4 ? 4 : v <= 8 ? 8 : 16;
+}
 
 enum vq_path {
     VQ_PATH_REF, VQ_PATH_SCALAR, VQ_PATH_CENT, VQ_PATH_LUT, VQ_PATH_GEMM,
@@ -1226,7 +1231,7 @@ static VQ_ALWAYS_INLINE __m512 vq_cent_gather512(const ggml_fp16_t * const * ptr
 
 static void vq_cent512_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t0, int nt, uint32_t * cbuf) {
     const int v = c->g.v;
-    const int VP = v <= 2 ? 2 : v <= 4 ? 4 : v <= 8 ? 8 : 16;
+    const int VP = vq_cent_vp(v);
     const bool res = c->L.res_codebook != NULL;
 #define VQ_C5_CASE(NT, VPc, RES) if (nt == NT && VP == VPc && res == RES) { vq_cent512_rows_impl(c, p0, p1, t0, NT, VPc, true, RES, cbuf); return; }
 #define VQ_C5_CASES(NT) VQ_C5_CASE(NT, 2, false) VQ_C5_CASE(NT, 4, false) VQ_C5_CASE(NT, 8, false) VQ_C5_CASE(NT, 16, false) \
@@ -1241,7 +1246,8 @@ static void vq_cent512_rows(const struct vq_call * c, int64_t p0, int64_t p1, in
 
 #if defined(VQ_HAVE_AVX2)
 
-// 8 fp16 values side by side, not yet widened: R = 8 / V centroids of V in {2, 4, 8} values (cent and centx)
+// 8 fp16 values side by side, not yet widened: R = 8 / V centroids of V in {2, 4, 8} values, or their first V
+// values (cent and centx)
 static VQ_ALWAYS_INLINE __m128i vq_cent_load128(const ggml_fp16_t * const * ptr, const int V) {
     if (V == 8) {
         return _mm_loadu_si128((const __m128i *) ptr[0]);
@@ -1289,7 +1295,7 @@ static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr
 
 static void vq_cent256_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t0, int nt, uint32_t * cbuf) {
     const int v = c->g.v;
-    const int VP = v <= 2 ? 2 : v <= 4 ? 4 : 8;
+    const int VP = vq_cent_vp(v);
     const bool res = c->L.res_codebook != NULL;
 #define VQ_C2_CASE(NT, V, PAD, RES) if (nt == NT && VP == V && (v != VP) == PAD && res == RES) { vq_cent256_rows_impl(c, p0, p1, t0, NT, V, PAD, RES, cbuf); return; }
 #define VQ_C2_CASES(NT, RES) VQ_C2_CASE(NT, 2, false, RES) VQ_C2_CASE(NT, 4, false, RES) VQ_C2_CASE(NT, 8, false, RES) \
@@ -1525,9 +1531,10 @@ static VQ_ALWAYS_INLINE int vq_centx_group(int v) {
     return v == 6 ? 4 : v == 3 ? 8 : 8 / v;
 }
 
-// vectors of 8 lanes per group; v = 3 gives each centroid 4 lanes (the last one unused): 4 vectors, not 3
+// vectors of 8 lanes per group: VP lanes per centroid (v = 3: 4, the last one unused), except v = 6, whose
+// centroids are packed into 3 vectors
 static VQ_ALWAYS_INLINE int vq_centx_nvec(int v) {
-    return v == 3 ? 4 : vq_centx_group(v) * v / 8;
+    return v == 6 ? 3 : vq_centx_group(v) * vq_cent_vp(v) / 8;
 }
 
 // the output row (within the group) of lane l of vector b, -1 for an unused lane
@@ -1553,17 +1560,7 @@ static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t *
         r[k] = RES ? code >> b1 : 0;
     }
     __m128i h1[4], h2[4];
-    if (V == 3) {
-        __m128i c1[8], c2[8];
-        for (int k = 0; k < 8; ++k) {
-            c1[k] = _mm_loadl_epi64((const __m128i *) (T1 + 3 * (size_t) q[k]));
-            c2[k] = RES ? _mm_loadl_epi64((const __m128i *) (T2 + 3 * (size_t) r[k])) : c1[k];
-        }
-        for (int b = 0; b < 4; ++b) {
-            h1[b] = _mm_unpacklo_epi64(c1[2 * b], c1[2 * b + 1]);
-            h2[b] = _mm_unpacklo_epi64(c2[2 * b], c2[2 * b + 1]);
-        }
-    } else if (V == 6) {
+    if (V == 6) {
         __m128i c1[4], c2[4];
         for (int k = 0; k < 4; ++k) {
             c1[k] = _mm_loadu_si128((const __m128i *) (T1 + 6 * (size_t) q[k]));
@@ -1573,14 +1570,17 @@ static VQ_ALWAYS_INLINE void vq_centx_w(const uint32_t * cb, const ggml_fp16_t *
             h1[b] = vq_centx6_vec(c1[b], c1[b + 1], b);
             h2[b] = vq_centx6_vec(c2[b], c2[b + 1], b);
         }
-    } else {
-        const ggml_fp16_t * p1[4], * p2[4];
-        for (int k = 0; k < 8 / V; ++k) {
+    } else { // 8 / VP centroids per vector, read as VP values (the table's padding covers the last)
+        const int VP = vq_cent_vp(V);
+        const ggml_fp16_t * p1[8], * p2[8];
+        for (int k = 0; k < vq_centx_group(V); ++k) {
             p1[k] = T1 + V * (size_t) q[k];
             p2[k] = T2 + V * (size_t) r[k];
         }
-        h1[0] = vq_cent_load128(p1, V);
-        h2[0] = RES ? vq_cent_load128(p2, V) : h1[0];
+        for (int b = 0; b < vq_centx_nvec(V); ++b) {
+            h1[b] = vq_cent_load128(p1 + b * (8 / VP), VP);
+            h2[b] = RES ? vq_cent_load128(p2 + b * (8 / VP), VP) : h1[b];
+        }
     }
     for (int b = 0; b < vq_centx_nvec(V); ++b) {
         w[b] = _mm256_cvtph_ps(h1[b]);
@@ -1671,8 +1671,9 @@ static VQ_ALWAYS_INLINE void vq_centx_impl(const struct vq_call * c, int64_t p, 
             for (int64_t j = np; j < in; ++j) {
                 sumf += left[b][(j - np) * 8 + k];
             }
-            if (vq_centx_row(V, b, k) >= 0) {
-                y[vq_centx_row(V, b, k)] = sumf;
+            const int row = vq_centx_row(V, b, k);
+            if (row >= 0) {
+                y[row] = sumf;
             }
         }
     }
