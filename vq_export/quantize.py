@@ -76,6 +76,10 @@ class Preset:
 
 # the kinds the *-shared presets give one codebook each; attn_v keeps per-tensor ones (more bits, small codebooks)
 SHARED_KINDS = ("ffn_down", "ffn_gate", "ffn_up", "attn_q", "attn_output", "attn_k")
+# the extra bits of the 2-bit shared presets, per tensor: blk.0's and the last block's ffn_down, attn_v
+SHARED_2BIT_OVERRIDES = (("ffn_down@0", VPTQConfig(v=2, k=64, row_scale=True)),
+                         ("ffn_down@-1", VPTQConfig(v=2, k=32, row_scale=True)),
+                         ("attn_v", VPTQConfig(v=2, k=64, row_scale=True)))
 
 PRESETS = {
     "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
@@ -88,18 +92,12 @@ PRESETS = {
     # 77.7 against 84.4 after fine-tuning (docs/quantizer.md "One codebook per kind"); a third of the generation
     # speed (no byte-table path for k > 256) and twice the quantizing time, so not the default
     "2bit-shared": Preset("2bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
-                          overrides=(("ffn_down@0", VPTQConfig(v=2, k=64, row_scale=True)),
-                                     ("ffn_down@-1", VPTQConfig(v=2, k=32, row_scale=True)),
-                                     ("attn_v", VPTQConfig(v=2, k=64, row_scale=True))),
-                          share=SHARED_KINDS),
+                          overrides=SHARED_2BIT_OVERRIDES, share=SHARED_KINDS),
     # a quarter bit more: one v4 k512 codebook per kind (9 index bits per 4 weights; 512 entries stay in L1, so
     # one token takes the fast v = 4 loads), the same extra bits as 2bit-shared: 2.31 bpw on the default model,
     # IQ2_XS's size (docs/quantizer.md "A quarter bit more")
     "2.25bit-shared": Preset("2.25bit-shared", "vptq", VPTQConfig(v=4, k=512, row_scale=True),
-                             overrides=(("ffn_down@0", VPTQConfig(v=2, k=64, row_scale=True)),
-                                        ("ffn_down@-1", VPTQConfig(v=2, k=32, row_scale=True)),
-                                        ("attn_v", VPTQConfig(v=2, k=64, row_scale=True))),
-                             share=SHARED_KINDS),
+                             overrides=SHARED_2BIT_OVERRIDES, share=SHARED_KINDS),
     # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
     "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64),
                    overrides=(("attn_k", VPTQConfig(v=2, k=256)), ("attn_v", VPTQConfig(v=2, k=256)))),
