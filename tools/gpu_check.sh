@@ -13,6 +13,7 @@
 #     3. llama-bench pp512 / tg128 with -ngl 99 for the VQ presets (3bit and 4bit: the 2bit file plus a synthetic
 #        residual codebook, same geometry and speed), Q2_K, IQ2_XXS and Q4_K_M (quantized there from the VQ file
 #        decoded to F16: their speed does not depend on the values)
+#     4. tuning: tg128 of the VQ files for each GGML_VQ_CUDA_SPLIT (warps per vector row of the one-token kernel)
 #   Results in $OUT (or .gpu/out): gpu_check.md, gpu_check.log (the console) and logs.tar.gz; the last line says how
 #   many checks passed and failed. A second run on the same machine reuses the build (ninja).
 #
@@ -88,12 +89,16 @@ run() {
     echo "built in $((SECONDS - t0)) s"
     local bin=$work/build/bin vq=$PAYLOAD/vq-2bit.gguf
 
-    want() { [[ " ${GPU_CHECK_STEPS:-1 2 3} " == *" $1 "* ]]; }   # GPU_CHECK_STEPS="2 3": a rerun after a fix
+    want() { [[ " ${GPU_CHECK_STEPS:-1 2 3 4} " == *" $1 "* ]]; }   # GPU_CHECK_STEPS="2 3": a rerun after a fix
     local p_cpu p_gpu p_half
     if want 1; then
     step "1. kernels against the C reference decoder"
     check $logs/kernels-random.log "$bin/test-vq-matmul" --backend CUDA0 random 7
     tail -1 $logs/kernels-random.log
+    for s in 1 2; do   # the other splits of a vector row over warps than the one the rows' length picks
+        check $logs/kernels-split$s.log env GGML_VQ_CUDA_SPLIT=$s "$bin/test-vq-matmul" --backend CUDA0 random 7 quick
+        tail -1 $logs/kernels-split$s.log
+    done
     check $logs/kernels-file.log "$bin/test-vq-matmul" --backend CUDA0 file $vq 14
     tail -1 $logs/kernels-file.log
     fi
@@ -155,6 +160,24 @@ PY
     cat $logs/bench.md
     fi
 
+    if want 4; then
+    step "4. tuning: tg128 for each split of a vector row over warps (GGML_VQ_CUDA_SPLIT)"
+    {
+        echo "| file | default | 1 | 2 | 4 | 8 |"; echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+        for f in $vq $work/vq-3bit.gguf $work/vq-4bit.gguf; do
+            [ -f "$f" ] || continue
+            row="| $(basename "$f" .gguf)"
+            for s in "" 1 2 4 8; do
+                t=$(GGML_VQ_CUDA_SPLIT=$s "$bin/llama-bench" -m "$f" -ngl 99 -p 0 -n 128 -r 3 -o json 2>/dev/null |
+                    python3 -c "import json, sys; r = json.load(sys.stdin)[0]; print(f\"{r['avg_ts']:.1f}\")")
+                row="$row | ${t:-fail}"
+            done
+            echo "$row |"
+        done
+    } > $logs/split.md
+    cat $logs/split.md
+    fi
+
     {
         echo "# GPU check $(date -u '+%F %T') UTC"
         echo
@@ -169,6 +192,8 @@ PY
         echo
         tail -1 $logs/kernels-random.log
         tail -1 $logs/kernels-file.log
+        echo
+        cat $logs/split.md 2>/dev/null
     } > "$report"
     tar -czf "$out/logs.tar.gz" -C $work logs
     echo "$passed passed, $failed failed"

@@ -1,6 +1,6 @@
 // CUDA kernels of the VQ MUL_MAT (layout: docs/format.md; design and tests: docs/cuda.md).
 //
-// Up to GGML_CUDA_VQ_MAX_BATCH tokens: one warp per vector row (v output channels) decodes its code stream,
+// Up to GGML_CUDA_VQ_MAX_BATCH tokens: a few warps per vector row (v output channels) decode its code stream,
 // lanes striding over the stored columns, with the codebooks in shared memory when they fit (global memory,
 // through L1/L2, otherwise); a permutation or column norm is folded into the activations first (k_vq_prep).
 // More tokens: the weight is decoded to F16 (k_vq_dequant_f16) and multiplied by cuBLAS with F32 accumulation.
@@ -125,14 +125,20 @@ static __global__ void k_vq_prep(const vq_weight_dev W, const vq_act a, float * 
     }
 }
 
-// Decode-and-dot for up to NT tokens [t0, t0 + nt): one warp per vector row p, lane l takes the stored
-// columns l, l + 32, ...; VT >= v accumulators per token (EXACT: v == VT, no guards). xs holds the
-// activations in stored column order (s_j folded in when there is a column norm); raw is src1 (outliers).
+// Decode-and-dot for up to NT tokens [t0, t0 + nt): a vector row p is split over S warps of a block (S divides
+// VQ_WARPS, so a block takes VQ_WARPS / S rows a pass); warp s of a row takes the stored columns s*32 + lane,
+// + 32*S, ... of each column group, and the S partial sums meet in shared memory in a fixed order (no atomics:
+// runs are bitwise equal). VT >= v accumulators per token (EXACT: v == VT, no guards). xs holds the activations
+// in stored column order (s_j folded in when there is a column norm); raw is src1 (outliers). Shared memory:
+// the partial sums [VQ_WARPS][NT*VT], then the codebooks when cb_in_smem.
 template <int VT, bool EXACT, int NT>
 __launch_bounds__(VQ_WARPS * WARP_SIZE)
 static __global__ void k_vq_mmv(const vq_weight_dev W, const vq_act xs, const vq_act raw, const float * __restrict__ bias,
-                                const int64_t t0, const int nt, const bool cb_in_smem, float * __restrict__ dst) {
+                                const int64_t t0, const int nt, const int S, const bool cb_in_smem, float * __restrict__ dst) {
+    constexpr int NACC   = NT * VT;
+    constexpr int UNROLL = NACC <= 16 ? 4 : 1;   // independent code loads in flight; more accumulators would spill
     extern __shared__ __align__(16) uint32_t vq_smem[];
+    float * part = (float *) vq_smem;
     const int v  = EXACT ? VT : W.v;
     const int b  = W.b1 + W.b2;
     const uint32_t m1 = (1u << W.b1) - 1u;
@@ -141,14 +147,15 @@ static __global__ void k_vq_mmv(const vq_weight_dev W, const vq_act xs, const vq
     const half * rcb = W.rcb;
     if (cb_in_smem) {
         // K1, K2 >= 2: both codebooks hold an even number of halves, so they copy as 32-bit words
+        uint32_t * cbs = vq_smem + VQ_WARPS * NACC;
         const int n1 = (W.in / W.gcols) * (v << W.b1) / 2;
         const int n2 = W.rcb ? (W.in / W.gcols) * (v << W.b2) / 2 : 0;
         for (int i = threadIdx.x; i < n1 + n2; i += blockDim.x) {
-            vq_smem[i] = i < n1 ? ((const uint32_t *) W.cb)[i] : ((const uint32_t *) W.rcb)[i - n1];
+            cbs[i] = i < n1 ? ((const uint32_t *) W.cb)[i] : ((const uint32_t *) W.rcb)[i - n1];
         }
         __syncthreads();
-        cb  = (const half *) vq_smem;
-        rcb = W.rcb ? (const half *) (vq_smem + n1) : nullptr;
+        cb  = (const half *) cbs;
+        rcb = W.rcb ? (const half *) (cbs + n1) : nullptr;
     }
 
     const float * x[NT];
@@ -158,44 +165,48 @@ static __global__ void k_vq_mmv(const vq_weight_dev W, const vq_act xs, const vq
     }
 
     const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int s    = warp % S;
+    const int R    = VQ_WARPS / S;
     const int P    = W.out / v;
-    for (int p = blockIdx.x * VQ_WARPS + threadIdx.x / WARP_SIZE; p < P; p += gridDim.x * VQ_WARPS) {
-        const uint32_t * stream = W.codes + (int64_t) p * W.words;
+    for (int p0 = blockIdx.x * R; p0 < P; p0 += gridDim.x * R) {   // the same passes for every warp of the block
+        const int p = p0 + warp / S;
         float acc[NT][VT] = {};
-
-        int g    = lane / W.gcols;
-        int gend = (g + 1) * W.gcols;
-        for (int j = lane; j < W.in; j += WARP_SIZE) {
-            while (j >= gend) {
-                ++g;
-                gend += W.gcols;
-            }
-            const uint32_t code = vq_code(stream, j, b);
-            float w[VT] = {};
-            vq_add_centroid<VT, EXACT>(cb + ((int64_t) (g << W.b1) + (code & m1)) * v, v, w);
-            if (rcb) {
-                vq_add_centroid<VT, EXACT>(rcb + ((int64_t) (g << W.b2) + (code >> W.b1)) * v, v, w);
-            }
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const float xv = t < nt ? x[t][j] : 0.0f;
-#pragma unroll
-                for (int e = 0; e < VT; ++e) {
-                    acc[t][e] += w[e] * xv;
-                }
-            }
-        }
-
-        for (int o = lane; o < W.n_o; o += WARP_SIZE) {
-            const int c = W.ocols[o];
-#pragma unroll
-            for (int e = 0; e < VT; ++e) {
-                if (EXACT || e < v) {
-                    const float w = vq_outlier(W, o, p * v + e);
+        if (p < P) {
+            const uint32_t * stream = W.codes + (int64_t) p * W.words;
+            for (int g = 0, g0 = 0; g0 < W.in; ++g, g0 += W.gcols) {
+                const half * cbg  = cb + ((int64_t) g << W.b1) * v;
+                const half * rcbg = rcb ? rcb + ((int64_t) g << W.b2) * v : nullptr;
+#pragma unroll UNROLL
+                for (int j = g0 + s * WARP_SIZE + lane; j < g0 + W.gcols; j += S * WARP_SIZE) {
+                    const uint32_t code = vq_code(stream, j, b);
+                    float w[VT] = {};
+                    vq_add_centroid<VT, EXACT>(cbg + (int64_t) (code & m1) * v, v, w);
+                    if (rcbg) {
+                        vq_add_centroid<VT, EXACT>(rcbg + (int64_t) (code >> W.b1) * v, v, w);
+                    }
 #pragma unroll
                     for (int t = 0; t < NT; ++t) {
-                        if (t < nt) {
-                            acc[t][e] += w * vq_token(raw, t0 + t)[c];
+                        const float xv = t < nt ? x[t][j] : 0.0f;
+#pragma unroll
+                        for (int e = 0; e < VT; ++e) {
+                            acc[t][e] += w[e] * xv;
+                        }
+                    }
+                }
+            }
+
+            for (int o = s * WARP_SIZE + lane; o < W.n_o; o += S * WARP_SIZE) {
+                const int c = W.ocols[o];
+#pragma unroll
+                for (int e = 0; e < VT; ++e) {
+                    if (EXACT || e < v) {
+                        const float w = vq_outlier(W, o, p * v + e);
+#pragma unroll
+                        for (int t = 0; t < NT; ++t) {
+                            if (t < nt) {
+                                acc[t][e] += w * vq_token(raw, t0 + t)[c];
+                            }
                         }
                     }
                 }
@@ -207,19 +218,34 @@ static __global__ void k_vq_mmv(const vq_weight_dev W, const vq_act xs, const vq
 #pragma unroll
             for (int e = 0; e < VT; ++e) {
                 acc[t][e] = warp_reduce_sum(acc[t][e]);
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-#pragma unroll
-            for (int e = 0; e < VT; ++e) {
-                if (lane == (t * VT + e) % WARP_SIZE && t < nt && (EXACT || e < v)) {
-                    const int r = p * v + e;
-                    float y = acc[t][e] + (bias ? bias[t0 + t] : 0.0f);
-                    y *= vq_row_scale(W, r);
-                    dst[(t0 + t) * W.out + r] = y;
+                if (S > 1 && s > 0 && lane == (t * VT + e) % WARP_SIZE) {
+                    part[warp * NACC + t * VT + e] = acc[t][e];
                 }
             }
+        }
+        if (S > 1) {
+            __syncthreads();
+        }
+        if (s == 0 && p < P) {
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+#pragma unroll
+                for (int e = 0; e < VT; ++e) {
+                    if (lane == (t * VT + e) % WARP_SIZE && t < nt && (EXACT || e < v)) {
+                        const int r = p * v + e;
+                        float y = acc[t][e];
+                        for (int q = 1; q < S; ++q) {
+                            y += part[(warp + q) * NACC + t * VT + e];
+                        }
+                        y += bias ? bias[t0 + t] : 0.0f;
+                        y *= vq_row_scale(W, r);
+                        dst[(t0 + t) * W.out + r] = y;
+                    }
+                }
+            }
+        }
+        if (S > 1) {
+            __syncthreads();   // the partial sums are read before the next pass writes them
         }
     }
 }
@@ -299,42 +325,69 @@ static vq_act vq_act_of(const ggml_tensor * src1) {
              (int64_t) (src1->nb[3] / ts), src1->ne[1], src1->ne[2] };
 }
 
+// how the decode-and-dot kernel runs over one weight
+struct vq_mmv_shape {
+    int    nblocks;
+    int    split;      // warps per vector row, a divisor of VQ_WARPS
+    size_t cb_bytes;   // codebooks copied into shared memory (0: read from global memory, through L1)
+};
+
+// Warps per vector row: all of the block's while each lane still takes at least two columns. The environment
+// variable GGML_VQ_CUDA_SPLIT=1|2|4|8 fixes it (read once; for tuning, docs/cuda.md).
+static int vq_mmv_split(int in) {
+    static const int forced = [] {
+        const char * e = getenv("GGML_VQ_CUDA_SPLIT");
+        const int s = e ? atoi(e) : 0;
+        return s > 0 && s <= VQ_WARPS && VQ_WARPS % s == 0 ? s : 0;
+    }();
+    if (forced) {
+        return forced;
+    }
+    int S = VQ_WARPS;
+    while (S > 1 && in < 2 * WARP_SIZE * S) {
+        S /= 2;
+    }
+    return S;
+}
+
 template <int VT, bool EXACT, int NT>
 static void vq_mmv_launch(const vq_weight_dev & W, const vq_act & xs, const vq_act & raw, const float * bias, int64_t t0,
-                          int nt, size_t smem, int nblocks, float * dst, cudaStream_t stream) {
-    k_vq_mmv<VT, EXACT, NT><<<nblocks, VQ_WARPS * WARP_SIZE, smem, stream>>>(W, xs, raw, bias, t0, nt, smem > 0, dst);
+                          int nt, const vq_mmv_shape & sh, float * dst, cudaStream_t stream) {
+    const size_t smem = VQ_WARPS * NT * VT * sizeof(float) + sh.cb_bytes;
+    k_vq_mmv<VT, EXACT, NT><<<sh.nblocks, VQ_WARPS * WARP_SIZE, smem, stream>>>(W, xs, raw, bias, t0, nt, sh.split,
+                                                                               sh.cb_bytes > 0, dst);
 }
 
 template <int VT, bool EXACT>
 static void vq_mmv_tokens(const vq_weight_dev & W, const vq_act & xs, const vq_act & raw, const float * bias, int64_t t0,
-                          int nt, size_t smem, int nblocks, float * dst, cudaStream_t stream) {
+                          int nt, const vq_mmv_shape & sh, float * dst, cudaStream_t stream) {
     if (nt == 1) {
-        vq_mmv_launch<VT, EXACT, 1>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream);
+        vq_mmv_launch<VT, EXACT, 1>(W, xs, raw, bias, t0, nt, sh, dst, stream);
     } else if (nt == 2) {
-        vq_mmv_launch<VT, EXACT, 2>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream);
+        vq_mmv_launch<VT, EXACT, 2>(W, xs, raw, bias, t0, nt, sh, dst, stream);
     } else if (nt <= 4) {
-        vq_mmv_launch<VT, EXACT, 4>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream);
+        vq_mmv_launch<VT, EXACT, 4>(W, xs, raw, bias, t0, nt, sh, dst, stream);
     } else if constexpr (VT * 8 <= VQ_MAX_ACC) {
-        vq_mmv_launch<VT, EXACT, 8>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream);
+        vq_mmv_launch<VT, EXACT, 8>(W, xs, raw, bias, t0, nt, sh, dst, stream);
     } else {
         GGML_ABORT("%d tokens exceed the accumulators of the v=%d kernel", nt, VT);
     }
 }
 
 static void vq_mmv_dispatch(const vq_weight_dev & W, const vq_act & xs, const vq_act & raw, const float * bias, int64_t t0,
-                            int nt, size_t smem, int nblocks, float * dst, cudaStream_t stream) {
+                            int nt, const vq_mmv_shape & sh, float * dst, cudaStream_t stream) {
     switch (W.v) {
-        case 1:  vq_mmv_tokens< 1, true >(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream); break;
-        case 2:  vq_mmv_tokens< 2, true >(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream); break;
-        case 3:  vq_mmv_tokens< 4, false>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream); break;
-        case 4:  vq_mmv_tokens< 4, true >(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream); break;
-        case 8:  vq_mmv_tokens< 8, true >(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream); break;
-        case 16: vq_mmv_tokens<16, true >(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream); break;
+        case 1:  vq_mmv_tokens< 1, true >(W, xs, raw, bias, t0, nt, sh, dst, stream); break;
+        case 2:  vq_mmv_tokens< 2, true >(W, xs, raw, bias, t0, nt, sh, dst, stream); break;
+        case 3:  vq_mmv_tokens< 4, false>(W, xs, raw, bias, t0, nt, sh, dst, stream); break;
+        case 4:  vq_mmv_tokens< 4, true >(W, xs, raw, bias, t0, nt, sh, dst, stream); break;
+        case 8:  vq_mmv_tokens< 8, true >(W, xs, raw, bias, t0, nt, sh, dst, stream); break;
+        case 16: vq_mmv_tokens<16, true >(W, xs, raw, bias, t0, nt, sh, dst, stream); break;
         default:
             if (W.v < 8) {
-                vq_mmv_tokens< 8, false>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream);
+                vq_mmv_tokens< 8, false>(W, xs, raw, bias, t0, nt, sh, dst, stream);
             } else {
-                vq_mmv_tokens<16, false>(W, xs, raw, bias, t0, nt, smem, nblocks, dst, stream);
+                vq_mmv_tokens<16, false>(W, xs, raw, bias, t0, nt, sh, dst, stream);
             }
     }
 }
@@ -358,19 +411,22 @@ static void ggml_cuda_mul_mat_vq_vec(ggml_backend_cuda_context & ctx, const vq_w
 
     const int    G        = W.in / W.gcols;
     const size_t cb_bytes = (size_t) G * W.v * (((size_t) 1 << W.b1) + (W.rcb ? (size_t) 1 << W.b2 : 0)) * sizeof(half);
-    const size_t smem     = cb_bytes <= info.smpb ? cb_bytes : 0;
-    const int    P        = W.out / W.v;
-    int nblocks = (P + VQ_WARPS - 1) / VQ_WARPS;
-    if (smem > 4096) {
+    const size_t part_max = VQ_WARPS * VQ_MAX_ACC * sizeof(float);   // the partial sums, at most
+    vq_mmv_shape sh;
+    sh.split    = vq_mmv_split(W.in);
+    sh.cb_bytes = cb_bytes + part_max <= info.smpb ? cb_bytes : 0;
+    const int rows = VQ_WARPS / sh.split;   // vector rows per block and pass
+    sh.nblocks = (W.out / W.v + rows - 1) / rows;
+    if (sh.cb_bytes > 4096) {
         // each block fills its shared memory once: with large codebooks fewer blocks, more rows per warp
-        nblocks = std::min(nblocks, 2 * info.nsm);
+        sh.nblocks = std::min(sh.nblocks, 2 * info.nsm);
     }
 
     const int vt    = W.v <= 1 ? 1 : W.v <= 2 ? 2 : W.v <= 4 ? 4 : W.v <= 8 ? 8 : 16;
     const int chunk = std::min(GGML_CUDA_VQ_MAX_BATCH, VQ_MAX_ACC / vt);
     for (int64_t t0 = 0; t0 < ntok; t0 += chunk) {
         const int nt = (int) std::min<int64_t>(chunk, ntok - t0);
-        vq_mmv_dispatch(W, xs, raw, prep ? bias_buf.get() : nullptr, t0, nt, smem, nblocks, dst, stream);
+        vq_mmv_dispatch(W, xs, raw, prep ? bias_buf.get() : nullptr, t0, nt, sh, dst, stream);
     }
     CUDA_CHECK(cudaGetLastError());
 }
