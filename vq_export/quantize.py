@@ -98,8 +98,8 @@ PRESETS = {
     "2bit-shared": Preset("2bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
                           overrides=SHARED_2BIT_OVERRIDES, share=SHARED_KINDS),
     # a quarter bit more, where a bit buys the most: 2bit-shared, plus 3 bits (one v4 k4096 codebook per kind) for
-    # attn_k and the early blocks' ffn tensors: 2.25 bpw, PPL 81.6 against 105.6 before fine-tuning; v4 k512 for
-    # every tensor instead (2.31 bpw) gave 105.0 (docs/quantizer.md "A quarter bit more")
+    # attn_k and the early blocks' ffn tensors: 2.25 bpw, PPL 81.6 against 105.6 before fine-tuning (68.1 after 150
+    # steps); v4 k512 for every tensor instead (2.31 bpw) gave 105.0 (docs/quantizer.md "A quarter bit more")
     "2.25bit-shared": Preset("2.25bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
                              overrides=SHARED_2BIT_OVERRIDES + QUARTER_BIT_OVERRIDES, share=SHARED_KINDS),
     # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
