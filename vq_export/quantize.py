@@ -85,6 +85,9 @@ SHARED_2BIT_OVERRIDES = (("ffn_down@0", VPTQConfig(v=2, k=64, row_scale=True)),
 QUARTER_BIT_OVERRIDES = tuple((key, VPTQConfig(v=4, k=4096, row_scale=True))
                               for key in ("attn_k", "ffn_down@1,2,3,4,5,6,7,8,11", "ffn_up@0,1,2", "ffn_gate@0,1,2"))
 
+TWO_BIT_SHARED = Preset("2bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
+                        overrides=SHARED_2BIT_OVERRIDES, share=SHARED_KINDS)
+
 PRESETS = {
     "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
     # a few more bits where a bit buys the most KL per weight (tools.sensitivity, docs/quantizer.md "Bits by kind"):
@@ -93,15 +96,14 @@ PRESETS = {
                    overrides=(("ffn_down@0", VPTQConfig(v=2, k=64)), ("ffn_down@-1", VPTQConfig(v=2, k=32)),
                               ("attn_v", VPTQConfig(v=2, k=64)))),
     # the same bits, but one v6 k4096 codebook per kind (stored once) and a scale per row: PPL 105.6 against 145.5,
-    # 77.7 against 84.4 after fine-tuning (docs/quantizer.md "One codebook per kind"); a third of the generation
-    # speed (no byte-table path for k > 256) and twice the quantizing time, so not the default
-    "2bit-shared": Preset("2bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
-                          overrides=SHARED_2BIT_OVERRIDES, share=SHARED_KINDS),
+    # 77.7 against 84.4 after fine-tuning (docs/quantizer.md "One codebook per kind"); twice the quantizing time
+    # (past the 15-minute aim for the default) and 76-89 % of the generation speed on AVX2 (docs/kernels.md)
+    "2bit-shared": TWO_BIT_SHARED,
     # a quarter bit more, where a bit buys the most: 2bit-shared, plus 3 bits (one v4 k4096 codebook per kind) for
     # attn_k and the early blocks' ffn tensors: 2.25 bpw, PPL 81.6 against 105.6 before fine-tuning (68.1 after 150
     # steps); v4 k512 for every tensor instead (2.31 bpw) gave 105.0 (docs/quantizer.md "A quarter bit more")
-    "2.25bit-shared": Preset("2.25bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
-                             overrides=SHARED_2BIT_OVERRIDES + QUARTER_BIT_OVERRIDES, share=SHARED_KINDS),
+    "2.25bit-shared": dataclasses.replace(TWO_BIT_SHARED, name="2.25bit-shared",
+                                          overrides=SHARED_2BIT_OVERRIDES + QUARTER_BIT_OVERRIDES),
     # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
     "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64),
                    overrides=(("attn_k", VPTQConfig(v=2, k=256)), ("attn_v", VPTQConfig(v=2, k=256)))),

@@ -1722,6 +1722,64 @@ static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, ggml
 #if defined(VQ_HAVE_AVX2)
 
 // decodes vector rows [pa, pb) into panels: row r = (p - pa) * v + e at tile[(r / mr) * in * mr + j * mr + r % mr]
+// 4 fp16 values from p, zeros past the codebook's end
+static VQ_ALWAYS_INLINE __m128i vq_load4h_avx2(const ggml_fp16_t * p, const ggml_fp16_t * end) {
+    if (p + 4 <= end) {
+        return _mm_loadl_epi64((const __m128i *) p);
+    }
+    ggml_fp16_t h[4] = { 0 };
+    memcpy(h, p, (size_t) (end - p) * sizeof(ggml_fp16_t));
+    return _mm_loadl_epi64((const __m128i *) h);
+}
+
+// gemm's decode of columns js..je of vector row r0 / v for v <= 8 (v = 2, 3, 6: panels of 16 or 32 rows do not
+// hold whole vector rows at fixed lanes): each centroid widened as 4 or 8 values; stored whole when those lanes
+// stay in the panel (lanes past v are the next vector row's, written after it, or padding), else lane by lane
+static VQ_ALWAYS_INLINE void vq_decode_lanes(const uint32_t * cd, int64_t js, int64_t je, const ggml_fp16_t * C,
+                                             const ggml_fp16_t * Cend, const ggml_fp16_t * Rc, const ggml_fp16_t * Rend,
+                                             uint32_t m1, int b1, int v, float * tile, int64_t in, int mr, int64_t r0) {
+    const int     w  = v <= 4 ? 4 : 8;
+    const int64_t l0 = r0 % mr;
+    float * lane[8];
+    for (int e = 0; e < v; ++e) {
+        lane[e] = tile + ((r0 + e) / mr) * in * mr + (r0 + e) % mr;
+    }
+    float * base = lane[0];
+    if (w == 4) {
+        for (int64_t j = js; j < je; ++j) {
+            __m128 f = _mm_cvtph_ps(vq_load4h_avx2(C + (cd[j] & m1) * v, Cend));
+            if (Rc) {
+                f = _mm_add_ps(f, _mm_cvtph_ps(vq_load4h_avx2(Rc + (cd[j] >> b1) * v, Rend)));
+            }
+            if (l0 + 4 <= mr) {
+                _mm_storeu_ps(base + j * mr, f);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, f);
+                for (int e = 0; e < v; ++e) {
+                    lane[e][j * mr] = t[e];
+                }
+            }
+        }
+    } else {
+        for (int64_t j = js; j < je; ++j) {
+            __m256 f = _mm256_cvtph_ps(vq_load8h_avx2(C + (cd[j] & m1) * v, Cend));
+            if (Rc) {
+                f = _mm256_add_ps(f, _mm256_cvtph_ps(vq_load8h_avx2(Rc + (cd[j] >> b1) * v, Rend)));
+            }
+            if (l0 + 8 <= mr) {
+                _mm256_storeu_ps(base + j * mr, f);
+            } else {
+                float t[8];
+                _mm256_storeu_ps(t, f);
+                for (int e = 0; e < v; ++e) {
+                    lane[e][j * mr] = t[e];
+                }
+            }
+        }
+    }
+}
+
 static void vq_decode_panels(const struct vq_call * c, int64_t pa, int64_t pb, float * tile, uint32_t * codes) {
     const int v = c->g.v, mr = c->g.mr, b1 = c->g.b1;
     const int64_t in = c->g.in, gcols = c->g.gcols;
@@ -1777,6 +1835,9 @@ static void vq_decode_panels(const struct vq_call * c, int64_t pa, int64_t pb, f
                         _mm256_storeu_ps(base + j * mr, f0);
                         _mm256_storeu_ps(base + j * mr + 8, f1);
                     }
+                } else if (v <= 8) {
+                    vq_decode_lanes(cd, js, je, C, C + c->g.K1 * v, Rc, res ? Rc + c->g.K2 * v : NULL, m1, b1, v,
+                                    tile, in, mr, r0);
                 } else {
                     for (int64_t j = js; j < je; ++j) {
                         const ggml_fp16_t * cm = C + (cd[j] & m1) * v;
