@@ -1732,9 +1732,10 @@ static VQ_ALWAYS_INLINE __m128i vq_load4h_avx2(const ggml_fp16_t * p, const ggml
     return _mm_loadl_epi64((const __m128i *) h);
 }
 
-// gemm's decode of columns js..je of vector row r0 / v for v <= 8 (v = 2, 3, 6: panels of 16 or 32 rows do not
-// hold whole vector rows at fixed lanes): each centroid widened as 4 or 8 values; stored whole when those lanes
-// stay in the panel (lanes past v are the next vector row's, written after it, or padding), else lane by lane
+// gemm's decode of columns js..je of the vector row at tile row r0 for v <= 8 other than 4 and 8 (v = 2, 3, 6:
+// a vector row's lanes sit at different places of each 16- or 32-row panel): each centroid widened as 4 or 8
+// values and stored whole where those lanes stay in the panel (lanes past v are the next vector row's, written
+// after it, or padding), lane by lane where they cross its edge
 static VQ_ALWAYS_INLINE void vq_decode_lanes(const uint32_t * cd, int64_t js, int64_t je, const ggml_fp16_t * C,
                                              const ggml_fp16_t * Cend, const ggml_fp16_t * Rc, const ggml_fp16_t * Rend,
                                              uint32_t m1, int b1, int v, float * tile, int64_t in, int mr, int64_t r0) {
@@ -1744,7 +1745,7 @@ static VQ_ALWAYS_INLINE void vq_decode_lanes(const uint32_t * cd, int64_t js, in
     for (int e = 0; e < v; ++e) {
         lane[e] = tile + ((r0 + e) / mr) * in * mr + (r0 + e) % mr;
     }
-    float * base = lane[0];
+    float * base = tile + (r0 / mr) * in * mr + l0;
     if (w == 4) {
         for (int64_t j = js; j < je; ++j) {
             __m128 f = _mm_cvtph_ps(vq_load4h_avx2(C + (cd[j] & m1) * v, Cend));
