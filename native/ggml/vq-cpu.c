@@ -1721,7 +1721,6 @@ static void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, ggml
 
 #if defined(VQ_HAVE_AVX2)
 
-// decodes vector rows [pa, pb) into panels: row r = (p - pa) * v + e at tile[(r / mr) * in * mr + j * mr + r % mr]
 // 4 fp16 values from p, zeros past the codebook's end
 static VQ_ALWAYS_INLINE __m128i vq_load4h_avx2(const ggml_fp16_t * p, const ggml_fp16_t * end) {
     if (p + 4 <= end) {
@@ -1781,6 +1780,7 @@ static VQ_ALWAYS_INLINE void vq_decode_lanes(const uint32_t * cd, int64_t js, in
     }
 }
 
+// decodes vector rows [pa, pb) into panels: row r = (p - pa) * v + e at tile[(r / mr) * in * mr + j * mr + r % mr]
 static void vq_decode_panels(const struct vq_call * c, int64_t pa, int64_t pb, float * tile, uint32_t * codes) {
     const int v = c->g.v, mr = c->g.mr, b1 = c->g.b1;
     const int64_t in = c->g.in, gcols = c->g.gcols;
