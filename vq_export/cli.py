@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--teacher", required=True, help=".npz of `vq-gguf teacher` for FILE's float model")
     p.add_argument("--out", default=None, help="output GGUF (default: FILE with .ft.gguf)")
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate, cosine down to a tenth")
+    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate, cosine down to a tenth "
+                                                           "(default: finetune.LR, 1e-3)")
     p.add_argument("--batch", type=int, default=4, help="windows per step")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--checkpoint", default=None, help="checkpoint file (default: in a parts folder beside --out, "

@@ -29,6 +29,8 @@ from .atomic import replacing
 from .model import Llama
 from .vqtensor import VQTensor
 
+LR = 1e-3   # Adam's starting rate; against 3e-4 over 150 steps: 2.25bit-shared -5.5 % PPL, 3bit-shared -1.0 % (docs/quantizer.md)
+
 
 class VQWeight(torch.nn.Module):
     """A VQ weight as a differentiable function of its codebooks, and of its row scales with `row_scales`
@@ -124,7 +126,7 @@ class Teacher:
         return cls(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(hidden), n_heldout)
 
 
-def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: float = 1e-4, batch: int = 2,
+def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: float = LR, batch: int = 2,
              device: str = "cpu", checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50,
              inputs: dict | None = None, row_scales: bool = False) -> dict[str, np.ndarray]:
     """Train in place: writes the tuned codebooks (and row scales) into `vq`; returns the tuned norm weights by
@@ -238,7 +240,7 @@ def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int =
     return total / tokens.numel()
 
 
-def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: float, batch: int, device: str,
+def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: float | None, batch: int, device: str,
                   checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50, row_scales: bool = False) -> Path:
     """Fine-tune a VQ-GGUF file against a saved Teacher and write the result. The checkpoint (default: in a
     parts folder beside `out`) names its inputs; one that holds `steps` steps or more is only written out, so a
@@ -246,6 +248,7 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
     from . import ggml_vq, gguf_writer
     from .source import load_quantized
     path, teacher_path, out = Path(path), Path(teacher_path), Path(out)
+    lr = LR if lr is None else lr
     inputs = {"file": _digest(path), "teacher": _digest(teacher_path), "lr": lr, "batch": batch, "seed": seed}
     if row_scales:
         inputs["row_scales"] = True
