@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
 from .atomic import replacing
+from .finetune import LR
 from .kmeans import kmeans, nearest
 from .model import LINEARS, Llama
 from .reference import dequantize
@@ -58,7 +59,7 @@ class Preset:
     n_heldout: int = 4                              # windows kept out of the Hessians, for the error report
     sequential: bool = True                         # Hessians from the quantized earlier blocks
     finetune_steps: int = 0                         # end-to-end KL fine-tuning of codebooks and norms (0: none)
-    finetune_lr: float | None = None                # None: finetune.LR
+    finetune_lr: float = LR
     share: tuple[str, ...] = ()                     # kinds whose tensors of equal config share one main codebook
     channel_weights: str = "none"                   # "fisher": output channels weighted by the end loss (fisher.py)
     fisher_windows: int = 32                        # calibration windows the channel weights are taken from
@@ -373,11 +374,11 @@ def _finetune(run: Run, done: dict[str, VQTensor]) -> SourceModel:
     """End-to-end KL fine-tuning (finetune.py) on the calibration windows, the held-out ones choosing the step
     kept; returns the source with the tuned norm weights, which the GGUF then carries."""
     from .calib import calibration_tokens
-    from .finetune import LR, Teacher, finetune
+    from .finetune import Teacher, finetune
     p = run.preset
     tokens = calibration_tokens(run.source.path, run.calib, p.n_calib + p.n_heldout, p.seq_len, run.seed)
     norms = finetune(run.source, done, Teacher.run(run.source, tokens, p.n_heldout), steps=p.finetune_steps,
-                     lr=p.finetune_lr or LR, device=default_device(), checkpoint=run.parts / "finetune.pt", seed=run.seed)
+                     lr=p.finetune_lr, device=default_device(), checkpoint=run.parts / "finetune.pt", seed=run.seed)
     return dataclasses.replace(run.source, tensors={**run.source.tensors, **norms})
 
 
