@@ -1,15 +1,18 @@
 # The two commands of the README. Both install what they need first (idempotent, fast when done).
 PY ?= python3
 
-.PHONY: setup demo test
+.PHONY: setup setup-test demo test
 
 setup:
 	@bash scripts/setup.sh
 
-demo: setup
-	vq-gguf demo
+setup-test:
+	@bash scripts/setup.sh --test
 
-test: setup
+demo: setup
+	vq-gguf demo $(DEMO_ARGS)
+
+test: setup-test
 	vq-gguf build --server
 	vq-gguf build --sanitize
 	$(PY) -m pytest -q

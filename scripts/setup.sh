@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a fresh Debian machine: build tools, then the CPU build of torch
 # (an unpinned torch would pull a CUDA build of several GB), then this package in editable mode.
+#   scripts/setup.sh          what `make demo` needs
+#   scripts/setup.sh --test   and what the tests need beyond it: clang-14 with libFuzzer, nvcc and cuBLAS headers
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
+TEST=$([ "${1:-}" = --test ] && echo 1 || echo "")
 
 SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
 apt_install() {
@@ -21,11 +25,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # the sanitizer and fuzzing build (make test, docs/hardening.md) needs clang with its runtime libraries (libFuzzer)
-if ! command -v clang-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null 2>&1; then
-    echo "[setup] installing clang-14 and its sanitizer/libFuzzer runtime"
-    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq clang-14 libclang-rt-14-dev >/dev/null
+if [ -n "$TEST" ] && { ! command -v clang-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null 2>&1; }; then
+    apt_install clang-14 libclang-rt-14-dev
 fi
 
 PY=${PY:-python3}
@@ -39,6 +40,9 @@ if ! $PY -c "import torch" 2>/dev/null; then
 fi
 # always (re)install: an editable install of another clone would otherwise shadow this one
 echo "[setup] installing vq-gguf from $(pwd)"
-$PY -m pip install -q -e ".[test]"
-# nvcc and cuBLAS's headers for the CUDA compile check (tests/test_cuda_compile.py); no GPU needed
-$PY -m native.cuda setup
+$PY -m pip install -q -e ".${TEST:+[test]}"
+if [ -n "$TEST" ]; then
+    # nvcc and cuBLAS's headers for the CUDA compile check (tests/test_cuda_compile.py); no GPU needed
+    $PY -m native.cuda setup
+fi
+echo "[setup] done in $((SECONDS - start)) s"

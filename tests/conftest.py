@@ -12,13 +12,12 @@ import pytest
 
 from native.build import home
 from vq_export import default_model, gguf_writer, source
-from vq_export.calib import DATA_DIR
+from vq_export.calib import DATA_DIR, EVAL_TEXT
 from vq_export.quantize import VQConfig, quantize_linear
 from vq_export.reference import dequantize
 from vq_export.vqtensor import VQTensor
 
 DATA = DATA_DIR
-EVAL_TEXT = DATA / "eval" / "wikitext-2-raw-test.txt"
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ from native.build import REPO, bin_dir, home, tree_dir
 from native.build import sha256 as content_hash
 from vq_export import bpw, ggml_vq, gguf_writer, source
 from vq_export.atomic import replacing
-from vq_export.calib import DATA_DIR
+from vq_export.calib import DEFAULT_CALIB, EVAL_TEXT, check_sources
 from vq_export.source import LINEAR_RE
 
 from . import environment, llamacpp, report
@@ -46,11 +46,10 @@ F16_MAX = 65504.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    data = DATA_DIR
     p.add_argument("--model", default="default", help="GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--calib", nargs="+", type=Path, default=[data / "calib" / "austen-prideprejudice.txt"],
+    p.add_argument("--calib", nargs="+", type=Path, default=[DEFAULT_CALIB / "austen-prideprejudice.txt"],
                    help="calibration text file(s) for the importance matrix (default: Pride and Prejudice)")
-    p.add_argument("--eval", dest="eval_text", type=Path, default=data / "eval" / "wikitext-2-raw-test.txt",
+    p.add_argument("--eval", dest="eval_text", type=Path, default=EVAL_TEXT,
                    help="evaluation text (default: WikiText-2 test); never one of the calibration texts")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $VQ_GGUF_HOME/compare/<model>); an --only run reports in a subfolder of it")
@@ -142,7 +141,9 @@ def check_inputs(s: dict, model_path: Path) -> None:
     labels = [label for label, _ in s["files"]]
     if len(set(labels)) < len(labels):
         raise ValueError(f"--files: labels must differ, got {' '.join(labels)}")
-    for path in [model_path, *map(Path, s["calib"]), Path(s["eval"]), *(Path(p) for _, p in s["files"])]:
+    check_sources(s["calib"])
+    check_sources([s["eval"]], "evaluation text")
+    for path in [model_path, *(Path(p) for _, p in s["files"])]:
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist")
     eval_hash = content_hash(Path(s["eval"]))

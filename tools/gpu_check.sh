@@ -35,7 +35,7 @@ PPL_REL_TOL=0.01   # |ppl - ppl_cpu| / ppl_cpu: F16 weights in the prompt path, 
 pack() {
     local home=${VQ_GGUF_HOME:-$HOME/.cache/vq-gguf}
     local vq=${1:-$home/compare/SmolLM2-135M-Instruct/vq-2bit.gguf}
-    local eval=../shared/data/eval/wikitext-2-raw-test.txt
+    local eval=vq_export/data/eval/wikitext-2-raw-test.txt
     [ -f "$home/llama.cpp/.vq-stamp" ] || { echo "no patched tree in $home: run python -m native.build"; exit 1; }
     [ -f "$vq" ] || { echo "no VQ file $vq: vq-gguf compare (or give one)"; exit 1; }
     python3 -c "from native import build; build.prepare_tree(build.fetch_sdist())"   # current patch and own files

@@ -8,9 +8,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# The shared text data (calib/, eval/): $VQ_GGUF_DATA, or ../shared/data beside the checkout.
-DATA_DIR = Path(os.environ.get("VQ_GGUF_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+# The texts the defaults use (calib/, eval/; data/README.md: sources and licenses): shipped in the package,
+# or $VQ_GGUF_DATA, a folder of the same layout.
+DATA_DIR = Path(os.environ.get("VQ_GGUF_DATA") or Path(__file__).resolve().parent / "data")
 DEFAULT_CALIB = DATA_DIR / "calib"
+EVAL_TEXT = DATA_DIR / "eval" / "wikitext-2-raw-test.txt"
+
+HOW_TO_SUPPLY = ("pass text files or folders of .txt files (--calib, --eval), or set VQ_GGUF_DATA to a folder "
+                 "with calib/ and eval/ as in the package's data/README.md")
+
+
+def check_sources(sources: list[str | Path], what: str = "calibration text") -> None:
+    """Fail at once, before any long work, when a text file or folder is missing: the message says how to
+    supply one. `hf:` datasets are checked when they are read (they need a reachable hub)."""
+    for s in sources:
+        p = Path(s)
+        if str(s).startswith("hf:") or p.is_file() or (p.is_dir() and any(p.glob("*.txt"))):
+            continue
+        problem = "has no .txt files" if p.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{what} {p} {problem}: {HOW_TO_SUPPLY}")
 
 
 def read_texts(sources: list[str | Path]) -> str:
@@ -23,16 +39,10 @@ def read_texts(sources: list[str | Path]) -> str:
             name, split, field = (s[3:].split(":") + ["train", "text"])[:3]
             parts += [row[field] for row in load_dataset(name, split=split)]
             continue
+        check_sources([s])
         p = Path(s)
-        if p.is_dir():
-            files = sorted(p.glob("*.txt"))
-            if not files:
-                raise FileNotFoundError(f"calibration folder {p} has no .txt files")
-            parts += [f.read_text(encoding="utf-8") for f in files]
-        elif p.is_file():
-            parts.append(p.read_text(encoding="utf-8"))
-        else:
-            raise FileNotFoundError(f"calibration text {p} does not exist")
+        files = sorted(p.glob("*.txt")) if p.is_dir() else [p]
+        parts += [f.read_text(encoding="utf-8") for f in files]
     return "\n\n".join(parts)
 
 

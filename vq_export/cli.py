@@ -11,7 +11,7 @@
     vq-gguf export FILE --out DIR      FILE with its model card and manifest (--bundle: + libraries, C example)
     vq-gguf verify DIR                 check an exported folder against its manifest
     vq-gguf wheel                      a llama-cpp-python wheel of the patched llama.cpp
-    vq-gguf demo                       all of the above on the default model
+    vq-gguf demo                       build, quantize the default model, compare with llama.cpp, chat
 """
 from __future__ import annotations
 
@@ -206,22 +206,6 @@ def cmd_wheel(args) -> None:
         print(f"{args.check} through llama_cpp.Llama: {answer['content']!r}")
 
 
-def cmd_demo(args) -> None:
-    """The README's main job: build, fetch the default model, quantize to ~2 bits, show size, chat, compare."""
-    from native.build import build
-    build()
-    args.model, args.out, args.v, args.k, args.k_res, args.only = "default", None, None, None, None, None
-    path = cmd_quantize(args)
-    print(f"\n> {args.prompt}")
-    args.file, args.system, args.ctx, args.threads, args.verbose = str(path), None, None, None, False
-    cmd_chat(args)
-    from tools import compare
-    readme = Path(__file__).resolve().parent.parent / "README.md"
-    cp = argparse.ArgumentParser()
-    compare.add_arguments(cp)
-    compare.run(cp.parse_args(["--presets", args.preset, "--chunks", str(args.chunks), "--readme", str(readme)]))
-
-
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="one prompt, answered then exit (default: interactive)")
     p.add_argument("--system", default=None, help="system message")
@@ -295,7 +279,7 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
                    help="type of the tensors that are not block linears (token embedding, output)")
     p.add_argument("--quant-seed", type=int, default=0, help="seed of k-means and of the calibration windows")
     p.add_argument("--calib", nargs="+", default=None,
-                   help="calibration text files or folders, or hf:DATASET[:SPLIT[:FIELD]] (default: ../shared/data/calib)")
+                   help="calibration text files or folders, or hf:DATASET[:SPLIT[:FIELD]] (default: the Austen novels shipped in the package)")
     p.add_argument("--calib-windows", type=int, default=None, help="calibration windows of 512 tokens (default: the preset's)")
     p.add_argument("--finetune-steps", type=int, default=None,
                    help="end-to-end fine-tuning steps of codebooks and norms against the float model (default: the preset's)")
@@ -331,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--windows", type=int, default=320,
                    help="training windows of 512 tokens (320 + 8: 194 MB; 96 overfits in 300 steps of 8, docs/quantizer.md)")
     p.add_argument("--heldout", type=int, default=8, help="held-out windows that choose the step kept")
-    p.add_argument("--calib", nargs="+", default=None, help="calibration text (default: ../shared/data/calib)")
+    p.add_argument("--calib", nargs="+", default=None, help="calibration text (default: the Austen novels shipped in the package)")
     p.add_argument("--seed", type=int, default=1, help="seed of the window draw")
     p.set_defaults(func=cmd_teacher)
 
@@ -401,11 +385,10 @@ def main(argv: list[str] | None = None) -> None:
     compare.add_arguments(p)
     p.set_defaults(func=compare.run)
 
-    p = sub.add_parser("demo", help="build, quantize the default model to ~2 bits, show its size, chat one prompt")
-    add_quantize(p)
-    add_sampling(p)
-    p.add_argument("--chunks", type=int, default=40, help="evaluation chunks of 512 tokens for the comparison")
-    p.set_defaults(func=cmd_demo, prompt="What is the capital of France?")
+    from . import demo
+    p = sub.add_parser("demo", help="build, quantize the default model, compare it with llama.cpp's types, chat")
+    demo.add_arguments(p)
+    p.set_defaults(func=demo.run)
 
     args = ap.parse_args(argv)
     try:
