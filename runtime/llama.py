@@ -23,6 +23,35 @@ class LlamaError(RuntimeError):
     """llama.cpp refused or failed; the message carries llama.cpp's own error lines."""
 
 
+def max_threads() -> int:
+    """The most threads worth asking for: beyond a few per logical core, llama.cpp's threads only wait for
+    each other at every barrier (thousands of them make one token take minutes)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_threads(n: int) -> int:
+    if not 1 <= n <= max_threads():
+        raise ValueError(f"{n} threads: give 1 to {max_threads()} (4 x the {os.cpu_count()} logical cores)")
+    return n
+
+
+def thread_count(text: str) -> int:
+    """A --threads value, checked; argparse shows the error as a usage error."""
+    import argparse
+    try:
+        return check_threads(int(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def check_model_file(path: str | os.PathLike) -> Path:
+    """A model path that is a file, or FileNotFoundError saying what it is instead."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} {'is a folder, not a GGUF file' if path.is_dir() else 'does not exist'}")
+    return path
+
+
 def lib_dir() -> Path:
     """Folder of the patched shared libraries: $VQ_GGUF_LIB_DIR, or the build folder of native.build."""
     if os.environ.get("VQ_GGUF_LIB_DIR"):
@@ -91,11 +120,11 @@ class Model:
                             ("n_threads", 1 if n_threads is None else n_threads)):
             if not isinstance(value, int) or not 1 <= value < 2**31:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if n_threads is not None:
+            check_threads(n_threads)
         m = load_lib(verbose)
         self.ffi, self.lib = m.ffi, m.lib
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"model file {path} does not exist")
+        path = check_model_file(path)
         self.lib.vq_log_clear()
         mp = self.lib.llama_model_default_params()
         mp.n_gpu_layers = 0

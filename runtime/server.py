@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .llama import check_model_file
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 READY_TIMEOUT_S = 120.0
@@ -42,9 +44,7 @@ class Server:
 
     def __init__(self, model: str | os.PathLike, log_path: Path, *, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, n_ctx: int = 2048, threads: int | None = None):
-        model = Path(model)
-        if not model.is_file():
-            raise FileNotFoundError(f"model file {model} does not exist")
+        model = check_model_file(model)
         self.base = f"http://{host}:{port}"
         self.url = f"{self.base}/v1"
         self.model_name = model.name

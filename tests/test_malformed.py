@@ -11,6 +11,7 @@ import pytest
 from native.build import sanitize_bin_dir
 from runtime.llama import LlamaError, Model
 from tools import malformed
+from vq_export import cli
 
 CASES = malformed.corpus()
 # distinct exit statuses for sanitizer reports; leaks are reports too
@@ -27,7 +28,7 @@ def vq_load():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_malformed_file(case, tmp_path, vq_load):
+def test_malformed_file(case, tmp_path, vq_load, capsys):
     path = tmp_path / "case.gguf"
     case.make(path)
 
@@ -45,6 +46,16 @@ def test_malformed_file(case, tmp_path, vq_load):
             Model(path, n_ctx=64)
         for word in case.expect:
             assert word in str(e.value)
+
+    # `vq-gguf inspect` runs the loader's checks: the same verdict and words, never a traceback
+    if case.expect is None:
+        cli.main(["inspect", str(path)])
+        assert "bits per weight" in capsys.readouterr().out
+    else:
+        with pytest.raises(SystemExit) as e:
+            cli.main(["inspect", str(path)])
+        message = str(e.value.code)
+        assert message.startswith("vq-gguf inspect: ") and all(word in message for word in case.expect), message
 
 
 @pytest.mark.parametrize("field,dtype", [("codebook", None), ("res_codebook", None), ("col_norm", None),

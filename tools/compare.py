@@ -31,6 +31,7 @@ from gguf import GGUFReader
 
 from native.build import REPO, bin_dir, home, tree_dir
 from native.build import sha256 as content_hash
+from runtime.llama import thread_count
 from vq_export import bpw, ggml_vq, gguf_writer, source
 from vq_export.atomic import replacing
 from vq_export.calib import DEFAULT_CALIB, EVAL_TEXT, check_sources
@@ -70,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=512, help="context of perplexity and importance matrix (default 512)")
     p.add_argument("--chunks", type=int, default=150, help="evaluation chunks, the same for every file (default 150)")
     p.add_argument("--imatrix-chunks", type=int, default=100, help="calibration chunks for llama-imatrix (default 100)")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every llama.cpp tool")
+    p.add_argument("--threads", type=thread_count, default=os.cpu_count(), help="threads of every llama.cpp tool")
     p.add_argument("--bench-prompt", type=int, default=512, help="llama-bench prompt tokens (pp, default 512)")
     p.add_argument("--bench-gen", type=int, default=128, help="llama-bench generated tokens (tg, default 128)")
     p.add_argument("--bench-reps", type=int, default=3, help="llama-bench repetitions (default 3)")
@@ -311,8 +312,8 @@ KIND_ORDER = {"float": 0, "llama.cpp": 1, "vq": 2}  # the table's order: referen
 
 
 def float_file(s: dict, model_path: Path) -> Path:
-    """The float reference, named after its source's identity: `vq-gguf quantize` reuses an output whose
-    source has the same path and size, so a changed source must come under a new name."""
+    """The float reference, named after its source's identity, so that a reference made from another source
+    never stands under the name of this one (the files made from it are keyed by its contents)."""
     return Path(s["out"]) / f"float-{digest(identity(model_path))[:12]}.gguf"
 
 

@@ -212,7 +212,10 @@ def corpus() -> list[Case]:
         Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version of type int32", raw(set_format_version("i", (5, 1))), ("format version",)),
         # type ids
-        *[Case(f"type id {t} on {Q}", raw(pack("<I", lambda lay: lay.type_at(Q), t)), (Q,)) for t in (199, 200, 201, 233, 240, 0xFFFFFFFF)],
+        # ids with no type behind them (below the VQ rates, the gap before them) are named as numbers
+        *[Case(f"type id {t} on {Q}", raw(pack("<I", lambda lay: lay.type_at(Q), t)), (Q, f"type {t} (unknown type id)"))
+          for t in (199, 200, 201)],
+        *[Case(f"type id {t} on {Q}", raw(pack("<I", lambda lay: lay.type_at(Q), t)), (Q,)) for t in (233, 240, 0xFFFFFFFF)],
         Case("VQ type of another rate (same bytes, shape changed)", raw(pack("<I", lambda lay: lay.type_at(Q), 216)), (Q,)),
         Case("VQ type of another rate with matching data", tiny(Q, edit=lambda ts: [
             (n, np.zeros((64, 64 * 9 // 32), np.uint8), ggml_vq.gguf_type(9)) if n == Q else (n, a, r) for n, a, r in ts]),

@@ -6,6 +6,7 @@
     vq-gguf teacher --out T.npz        the float model's states on calibration windows, for finetune
     vq-gguf finetune FILE --teacher T.npz   end-to-end fine-tuning of FILE's codebooks and norms (GPU if any)
     vq-gguf inspect FILE               tensor types, VQ geometry, bits per weight counted from the file
+    vq-gguf clean [FOLDER ...]         remove what interrupted runs left (resume folders no process holds)
     vq-gguf chat FILE --prompt "..."   chat one prompt (or interactively without --prompt)
     vq-gguf serve FILE                 llama-server on FILE: an OpenAI-compatible API on 127.0.0.1:8080
     vq-gguf export FILE --out DIR      FILE with its model card and manifest (--bundle: + libraries, C example)
@@ -129,6 +130,18 @@ def print_summary(path: Path) -> None:
 
 
 def cmd_inspect(args) -> None:
+    from runtime.llama import Model, check_model_file
+    path = check_model_file(args.file)
+    if not args.no_load:   # the C loader's checks first: a file llama.cpp refuses is refused here with its message
+        with Model(path, n_ctx=64):
+            pass
+    try:
+        _inspect(path, args.tensor, args.decode)
+    except (ValueError, KeyError, IndexError, OverflowError, MemoryError, EOFError) as e:
+        raise ValueError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _inspect(path: Path, only: str | None, decode: bool) -> None:
     import numpy as np
     from gguf import GGUFReader
 
@@ -137,25 +150,40 @@ def cmd_inspect(args) -> None:
     from .reference import dequantize
     from .vqtensor import VQTensor
 
-    bits = count(args.file)
-    reader = GGUFReader(args.file)
+    bits = count(path)
+    reader = GGUFReader(path)
     by_name = {t.name: t for t in reader.tensors}
     version = reader.get_field(ggml_vq.FORMAT_KEY)
     print(f"format: {ggml_vq.FORMAT_KEY} = {version.contents() if version else 'absent'}")
     print(f"{'tensor':34} {'type':8} {'shape':>14} {'bpw':>7}  vq")
     for t in bits.tensors:
-        if args.tensor and args.tensor not in t.name:
+        if only and only not in t.name:
             continue
         extra = ""
         if ggml_vq.is_vq(by_name[t.name].tensor_type):
             q = VQTensor.from_gguf(t.name, by_name, ggml_vq.links(reader.fields))
             extra = f"v={q.v} k={2 ** q.b1}" + (f"+{2 ** q.b2}" if q.b2 else "") + (f" G={q.groups}" if q.groups > 1 else "") \
                 + "".join(f" {side}->{name}" for side, name in q.shared.items())
-            if args.decode:
+            if decode:
                 w = dequantize(q)
                 extra += f"  decoded: rms {float(np.sqrt((w ** 2).mean())):.4g}, max |w| {float(np.abs(w).max()):.4g}, finite {bool(np.isfinite(w).all())}"
         print(f"{t.name:34} {t.type:8} {str(t.shape):>14} {t.bpw:7.3f}  {extra}")
-    print_summary(Path(args.file))
+    print_summary(path)
+
+
+def cmd_clean(args) -> None:
+    import shutil
+
+    from .atomic import leftovers
+    folders = [Path(f) for f in args.folders] or [home(), Path.cwd()]
+    # the default current folder only at its top: it may be a large tree
+    found = sorted({p for f in folders for p in leftovers(f, recursive=bool(args.folders) or f == home())})
+    for folder in found:
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        print(f"{'would remove' if args.dry_run else 'removing'} {folder} ({size / 2**20:.1f} MiB)")
+        if not args.dry_run:
+            shutil.rmtree(folder)
+    print(f"{len(found)} leftover folder(s) under {', '.join(map(str, folders))}")
 
 
 def cmd_chat(args) -> None:
@@ -169,8 +197,8 @@ def cmd_chat(args) -> None:
 def cmd_serve(args) -> None:
     from native.build import build
     from runtime.server import run
-    if not Path(args.file).is_file():
-        raise FileNotFoundError(f"model file {args.file} does not exist")
+    from runtime.llama import check_model_file
+    check_model_file(args.file)   # before the build of llama-server
     build(server=True)  # a no-op when llama-server is built and up to date
     run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads)
 
@@ -286,6 +314,7 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from runtime.llama import thread_count
     ap = argparse.ArgumentParser(prog="vq-gguf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -340,13 +369,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("file")
     p.add_argument("--tensor", default=None, help="only tensors whose name contains this")
     p.add_argument("--decode", action="store_true", help="decode VQ tensors with the numpy reference decoder")
+    p.add_argument("--no-load", action="store_true", help="skip the patched llama.cpp's load checks (every tensor "
+                   "read, as llama.cpp does before running the file)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("clean", help="remove the resume folders of interrupted quantizations and fine-tunings")
+    p.add_argument("folders", nargs="*", help="where to look, with subfolders (default: $VQ_GGUF_HOME, and the current folder without them)")
+    p.add_argument("--dry-run", action="store_true", help="only list them")
+    p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("chat", help="chat with a GGUF through the patched llama.cpp")
     p.add_argument("file")
     add_sampling(p)
     p.add_argument("--ctx", type=int, default=None, help="context in tokens (default: 2048, or the model's training context if smaller)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=thread_count, default=None)
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     p.set_defaults(func=cmd_chat)
 
@@ -355,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--ctx", type=int, default=2048)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=thread_count, default=None)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="a folder with the GGUF, its model card and manifest; --bundle adds the "

@@ -72,8 +72,8 @@ class Clock:
         print(f"[demo {len(self.done)}/{self.n}] {self.done[-1][0]}: {self.done[-1][1]:.0f} s -> {text}", flush=True)
 
     def recap(self) -> str:
-        lines = [f"  {title:<44} {seconds:6.0f} s" for title, seconds in self.done]
-        return "\n".join(["[demo] steps:", *lines, f"  {'total (set-up before it not counted)':<44} {time.time() - self.start:6.0f} s"])
+        lines = [f"  {seconds:6.0f} s  {title}" for title, seconds in self.done]
+        return "\n".join(["[demo] steps:", *lines, f"  {time.time() - self.start:6.0f} s  in all (set-up before it not counted)"])
 
 
 def run(args: argparse.Namespace) -> None:
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> None:
     clock.step("build the patched llama.cpp")
     clock.result(str(build()))
 
-    clock.step(f"quantize with preset {args.preset} and compare with llama.cpp's {', '.join(c_args.llama_types)}")
+    clock.step(f"quantize ({args.preset}), compare with llama.cpp's {' '.join(c_args.llama_types)}")
     compare.run(c_args)
     vq = compare.vq_file(compare.settings(c_args), args.preset)
     clock.result(f"{compare.settings(c_args)['report_dir']}/results.md")

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .atomic import replacing
+from .atomic import digest, hold, replacing
 from .model import Llama
 from .vqtensor import VQTensor
 
@@ -249,7 +250,7 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
     from .source import load_quantized
     path, teacher_path, out = Path(path), Path(teacher_path), Path(out)
     lr = LR if lr is None else lr
-    inputs = {"file": _digest(path), "teacher": _digest(teacher_path), "lr": lr, "batch": batch, "seed": seed}
+    inputs = {"file": digest(path), "teacher": digest(teacher_path), "lr": lr, "batch": batch, "seed": seed}
     if row_scales:
         inputs["row_scales"] = True
     key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
@@ -260,6 +261,8 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
         if saved != inputs:
             raise ValueError(f"checkpoint {checkpoint} was made from {saved}, not {inputs}")
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    if checkpoint.parent == parts:
+        hold(parts)
     src, vq = load_quantized(path)
     teacher = Teacher.load(teacher_path)
     norms = finetune(src, vq, teacher, steps=steps, lr=lr, batch=batch, device=device, checkpoint=checkpoint,
@@ -273,15 +276,6 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
             f"steps={steps} lr={lr} batch={batch} teacher={teacher_path.name} windows={len(teacher.tokens) - teacher.n_heldout}"
             + (" row_scales" if row_scales else "")]))})
     if checkpoint.parent == parts:
-        checkpoint.unlink()
-        parts.rmdir()
+        shutil.rmtree(parts)
     return written
 
-
-def _digest(path: Path) -> str:
-    """Content hash: a checkpoint belongs to the bytes of its inputs, whatever their names on this machine."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()[:16]

@@ -8,8 +8,10 @@ Two methods share the VPTQ layout (a vector is v consecutive output channels at 
 
 Finished tensors are saved one file each in a parts folder next to the output, so an interrupted run resumes
 where it stopped (in sequential mode the finished blocks are replayed from their parts); the parts are removed
-once the GGUF is written. A JSON report beside the GGUF lists each tensor's output error on held-out
-calibration windows, worst first.
+once the GGUF is written. The folder is named by the run's key, a hash of everything the file's bytes depend on
+(the source's and the calibration text's contents, every setting, this package's code), so a run never picks up
+parts of another; a part that cannot be read whole is redone. A JSON report beside the GGUF lists each tensor's
+output error on held-out calibration windows, worst first.
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import resource
+import shutil
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGUFReader
 from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
-from .atomic import replacing
+from .atomic import digest, hold, is_held, replacing
 from .finetune import LR
 from .kmeans import kmeans, nearest
 from .model import LINEARS, Llama
@@ -168,9 +172,36 @@ def _load_part(path: Path) -> tuple[VQTensor, dict]:
                 json.loads(str(z["report"])))
 
 
+def _drop_torn_parts(parts: Path) -> None:
+    """Remove, with a notice, every saved file of the parts folder that cannot be read whole (torn by a power
+    cut, truncated, overwritten): the run then redoes what it held. npz members carry a CRC, checked on read."""
+    for path in sorted(parts.glob("*.np[yz]")):
+        try:
+            if path.suffix == ".npz":
+                _load_part(path)
+            else:
+                np.load(path)
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+            print(f"[quantize] {path.name} in {parts.name} cannot be read ({type(e).__name__}: {e}); redoing it", flush=True)
+            path.unlink()
+
+
 def _file_key(path: Path) -> str | None:
-    field_ = GGUFReader(path).get_field(ggml_vq.INPUTS_KEY)
+    """The key an existing output was made with; None for a file that is not a readable GGUF (then replaced)."""
+    try:
+        field_ = GGUFReader(path).get_field(ggml_vq.INPUTS_KEY)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        print(f"[quantize] {path} is not a readable GGUF ({type(e).__name__}); it will be replaced", flush=True)
+        return None
     return None if field_ is None else field_.contents()
+
+
+def _code_version() -> str:
+    """Hash of this package's code: a change anywhere in the quantizer may change the bytes it writes."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -184,10 +215,16 @@ class Run:
     seed: int = 0
     other_type: str = "q8_0"
 
-    @property
+    @cached_property
     def key(self) -> str:
-        desc = [str(self.source.path), os.path.getsize(self.source.path), repr(self.preset), self.seed,
-                self.other_type, self.names, [str(c) for c in self.calib]]
+        """Hash of everything the output's bytes depend on; the resume parts and an existing output count only
+        when made under the same key."""
+        from .calib import read_texts
+        calib_text = read_texts(self.calib) if self.preset.method == "vptq" else ""
+        desc = {"source": digest(self.source.path), "preset": repr(self.preset), "seed": self.seed,
+                "other_type": self.other_type, "names": self.names,
+                "calib": hashlib.sha256(calib_text.encode()).hexdigest()[:16],
+                "format": ggml_vq.FORMAT_VERSION, "code": _code_version()}
         return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
 
     @property
@@ -212,10 +249,12 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
         calib = [DEFAULT_CALIB]
     run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type)
     if run.out.exists() and _file_key(run.out) == run.key:
-        print(f"[quantize] {run.out} is up to date (same source, settings, calibration and seed)", flush=True)
+        print(f"[quantize] {run.out} is up to date (made from the same source, calibration text, settings, seed "
+              f"and code)", flush=True)
         return run.out
     gguf_writer.check_writable(run.out, 2 * estimate_bytes(run) + hessian_bytes(run) + 2**20)  # the GGUF's temporary copy and the parts
-    run.parts.mkdir(parents=True, exist_ok=True)
+    hold(run.parts)
+    _drop_torn_parts(run.parts)
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
     if preset.finetune_steps:
@@ -227,9 +266,12 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
                                        ggml_vq.INPUTS_KEY: run.key})
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     _write_report(run, report, elapsed, peak_gib)
-    for f in run.parts.iterdir():
-        f.unlink()
-    run.parts.rmdir()
+    shutil.rmtree(run.parts)
+    for stale in run.out.parent.glob(f".{run.out.name}.parts-*"):   # earlier runs' parts for this output
+        if is_held(stale):
+            continue
+        print(f"[quantize] removing {stale.name}: parts of an earlier run with other inputs", flush=True)
+        shutil.rmtree(stale, ignore_errors=True)
     print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s, peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
     return path
 
