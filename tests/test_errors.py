@@ -1,12 +1,14 @@
 """Bad input gets a clear error and no crash: the runtime refuses bad parameters and files that are not models
 it can run, and the quantizer refuses bad sources. Malformed VQ files: tests/test_malformed.py."""
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from runtime.llama import LlamaError, Model, SamplerConfig
+from runtime.llama import LlamaError, Model, SamplerConfig, check_threads
 from tools import tiny_model
 from vq_export import source
 
@@ -16,9 +18,21 @@ def tiny(tmp_path_factory):
     return tiny_model.write(tmp_path_factory.mktemp("tiny") / "tiny.vq.gguf")
 
 
-def test_wrong_path():
-    with pytest.raises(FileNotFoundError):
+def test_wrong_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         Model("/nonexistent/model.gguf")
+    with pytest.raises(FileNotFoundError, match="is a folder, not a GGUF file"):
+        Model(tmp_path)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 10_000])
+def test_thread_count_is_bounded(tiny, threads):
+    """Thousands of threads would make llama.cpp spin for minutes before the first token: refused at once."""
+    with pytest.raises(ValueError, match=f"{threads} threads: give 1 to"):
+        Model(tiny, n_threads=threads) if threads > 0 else check_threads(threads)
+    r = subprocess.run([sys.executable, "-m", "vq_export.cli", "chat", str(tiny), "--prompt", "hi", "--threads", str(threads)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"argument --threads: {threads} threads: give 1 to" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("data", [b"", b"GGUF", b"not a gguf at all" * 100, b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 4])

@@ -313,9 +313,18 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
                    help="end-to-end fine-tuning steps of codebooks and norms against the float model (default: the preset's)")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("vq-gguf")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> None:
     from runtime.llama import thread_count
     ap = argparse.ArgumentParser(prog="vq-gguf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("build", help="build the patched llama.cpp and the runtime bindings")

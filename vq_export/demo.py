@@ -12,10 +12,11 @@ import argparse
 import time
 from pathlib import Path
 
-# `4bit` is the preset whose answer on the 135M default model is right and reads well and which quantizes
-# within the demo's time on two cores; the 2- and 3-bit presets give a model this small broken or rambling
-# answers (README "Presets"). The llama.cpp types framing it: its 2-bit to 4-bit types, which on this model's
-# 576-wide rows fall back to 4-bit types for most tensors, and Q4_K_M, the usual choice.
+# `4bit`: on the 135M default model its answer is right and reads well, it lands on the frontier of llama.cpp's
+# files, and it quantizes within the demo's half hour on two cores; at 2 bits a model this small answers
+# nonsense, and the shared-codebook presets take 28-90 minutes (README). The llama.cpp types framing it: its
+# 2-bit types, which on this model's 576-wide rows fall back to 4-bit types for most tensors, Q2_K, IQ4_NL, and
+# Q4_K_M, the usual choice.
 PRESET = "4bit"
 LLAMA_TYPES = ["IQ2_XXS", "IQ2_S", "Q2_K", "IQ4_NL", "Q4_K_M"]
 CHUNKS = 40
