@@ -22,8 +22,8 @@ LLAMA_TYPES = ["IQ2_XXS", "IQ2_S", "Q2_K", "IQ4_NL", "Q4_K_M"]
 CHUNKS = 40
 
 # the slice --quick measures: two blocks, a few calibration windows and chunks, one llama.cpp type
-QUICK = {"only": ["blk.0.", "blk.1."], "calib_windows": 8, "chunks": 4, "llama_types": ["Q4_K_M"],
-         "imatrix_chunks": 4, "bench_prompt": 64, "bench_gen": 16, "bench_reps": 1}
+QUICK_ARGS = ["--only", "blk.0.", "blk.1.", "--quantize-args=--calib-windows 8", "--llama-types", "Q4_K_M",
+              "--chunks", "4", "--imatrix-chunks", "4", "--bench-prompt", "64", "--bench-gen", "16", "--bench-reps", "1"]
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -45,14 +45,11 @@ def compare_args(args: argparse.Namespace) -> argparse.Namespace:
     from tools import compare
 
     from .default_model import NAME
-    argv = ["--presets", args.preset, "--llama-types", *LLAMA_TYPES, "--chunks", str(args.chunks)]
-    if args.quick:
-        argv = ["--presets", args.preset, "--out", str(home() / "compare" / f"{NAME}-quick"), "--only", *QUICK["only"], f"--quantize-args=--calib-windows {QUICK['calib_windows']}",
-                "--llama-types", *QUICK["llama_types"], "--chunks", str(QUICK["chunks"]),
-                "--imatrix-chunks", str(QUICK["imatrix_chunks"]), "--bench-prompt", str(QUICK["bench_prompt"]),
-                "--bench-gen", str(QUICK["bench_gen"]), "--bench-reps", str(QUICK["bench_reps"])]
-    elif README.is_file():
-        argv += ["--readme", str(README)]
+    if args.quick:   # in a folder of its own: its importance matrix and files are not the full run's
+        argv = ["--presets", args.preset, "--out", str(home() / "compare" / f"{NAME}-quick"), *QUICK_ARGS]
+    else:
+        argv = ["--presets", args.preset, "--llama-types", *LLAMA_TYPES, "--chunks", str(args.chunks)]
+        argv += ["--readme", str(README)] if README.is_file() else []
     p = argparse.ArgumentParser()
     compare.add_arguments(p)
     return p.parse_args(argv)
@@ -96,8 +93,9 @@ def run(args: argparse.Namespace) -> None:
 
     clock.step(f"quantize ({args.preset}), compare with llama.cpp's {' '.join(c_args.llama_types)}")
     compare.run(c_args)
-    vq = compare.vq_file(compare.settings(c_args), args.preset)
-    clock.result(f"{compare.settings(c_args)['report_dir']}/results.md")
+    settings = compare.settings(c_args)
+    vq = compare.vq_file(settings, args.preset)
+    clock.result(f"{settings['report_dir']}/results.md")
 
     clock.step("the VQ file")
     print_summary(vq)

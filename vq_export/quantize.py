@@ -175,12 +175,13 @@ def _load_part(path: Path) -> tuple[VQTensor, dict]:
 def _drop_torn_parts(parts: Path) -> None:
     """Remove, with a notice, every saved file of the parts folder that cannot be read whole (torn by a power
     cut, truncated, overwritten): the run then redoes what it held. npz members carry a CRC, checked on read."""
-    for path in sorted(parts.glob("*.np[yz]")):
+    for path in sorted(parts.glob("*.np[yz]")):   # tensors, Hessians, shared codebooks, channel weights
         try:
+            loaded = np.load(path)                     # a .npy is read whole here
             if path.suffix == ".npz":
-                _load_part(path)
-            else:
-                np.load(path)
+                with loaded:
+                    for name in loaded.files:          # each member read whole: its CRC checked
+                        loaded[name]
         except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
             print(f"[quantize] {path.name} in {parts.name} cannot be read ({type(e).__name__}: {e}); redoing it", flush=True)
             path.unlink()
