@@ -89,7 +89,9 @@ def fetch_sdist() -> Path:
     if not sdist.exists():
         log(f"downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source from PyPI")
         dl.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # --no-binary for this package only: pip prepares the sdist's metadata in a build environment, whose
+        # own requirements may then come as wheels (":all:" would build each of them from source: minutes)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dl)], check=True)
     digest = sha256(sdist)
     if digest != LLAMA_CPP_PYTHON_SHA256:

@@ -183,7 +183,7 @@ def test_finetune_trains_row_scales_into_the_file(tiny_src, tmp_path):
     assert np.abs(a - b).max() <= 1e-3 * float(np.abs(b).max()), np.abs(a - b).max()
 
 
-def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, tmp_path):
+def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, tmp_path, capsys):
     """An interrupted run resumes to the same file; a checkpoint kept elsewhere (say, made on a GPU machine)
     gives the same file again without training; a checkpoint of other inputs is refused."""
     from vq_export import gguf_writer
@@ -220,6 +220,11 @@ def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, t
     assert not np.array_equal(src.tensors["output_norm.weight"], before.tensors["output_norm.weight"])
     with pytest.raises(ValueError, match="made from"):
         finetune_file(vq_file, teacher, tmp_path / "other.gguf", checkpoint=ckpt, **{**kw, "lr": 1e-3})
+    # a torn checkpoint (a power cut before the data reached the disk) is dropped with a notice: a fresh run
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2])
+    torn = finetune_file(vq_file, teacher, tmp_path / "torn.gguf", checkpoint=ckpt, **kw)
+    assert "cannot be read" in capsys.readouterr().out and torn.read_bytes() == whole.read_bytes()
 
 
 def test_quantize_with_finetune_steps_writes_the_tuned_norms(tiny_src, tmp_path):

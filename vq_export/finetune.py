@@ -16,8 +16,10 @@ import dataclasses
 import hashlib
 import json
 import math
+import pickle
 import shutil
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +157,8 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
             return sum(_kl(student, heldout[0][s:s + batch], heldout[1][s:s + batch], device).item() * len(heldout[0][s:s + batch])
                        for s in range(0, len(heldout[0]), batch)) / len(heldout[0])
 
-    if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, map_location=device)
+    state = load_checkpoint(checkpoint, device) if checkpoint is not None else None
+    if state is not None:
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
                 p.copy_(saved)
@@ -241,6 +243,19 @@ def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int =
     return total / tokens.numel()
 
 
+def load_checkpoint(path: Path, device: str) -> dict | None:
+    """A saved checkpoint, or None when there is none or it cannot be read whole (torn by a power cut, truncated):
+    then it is removed with a notice and the fine-tuning starts over."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location=device)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+        print(f"[finetune] checkpoint {path} cannot be read ({type(e).__name__}); starting over", flush=True)
+        path.unlink()
+        return None
+
+
 def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: float | None, batch: int, device: str,
                   checkpoint: Path | None = None, seed: int = 0, eval_every: int = 50, row_scales: bool = False) -> Path:
     """Fine-tune a VQ-GGUF file against a saved Teacher and write the result. The checkpoint (default: in a
@@ -256,8 +271,9 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
     key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
     parts = out.with_name(f".{out.name}.parts-{key}")
     checkpoint = Path(checkpoint) if checkpoint else parts / "finetune.pt"
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location="cpu").get("inputs")
+    state = load_checkpoint(checkpoint, "cpu")
+    if state is not None:
+        saved = state.get("inputs")
         if saved != inputs:
             raise ValueError(f"checkpoint {checkpoint} was made from {saved}, not {inputs}")
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
