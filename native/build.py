@@ -47,7 +47,7 @@ OWN_FILES = {
 }
 TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llama-bench", "llama-completion", "test-vq-matmul"]
 # the sanitizer build: static libraries with ASan, UBSan and fuzzing coverage, the loader driver, the fuzz harnesses
-SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-matmul"]
+SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-file", "fuzz-vq-matmul"]
 SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
 
 

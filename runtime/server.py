@@ -2,11 +2,16 @@
 
 llama-server renders chats with the model's own chat template (tokenizer.chat_template, through its Jinja
 engine). It is built without the web UI (which upstream downloads at build time), so it serves the API only.
+Beyond loopback it serves only with an API key (llama-server then answers 401 to any request without it,
+/health excepted), unless told otherwise: a model server on a network is a free compute service otherwise.
+The key reaches llama-server through its environment, not its command line, which `ps` shows to every user.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +38,30 @@ def binary() -> Path:
     return path
 
 
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback address (a name that does not resolve is not)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def check_bind(host: str, port: int, api_key: str | None, public_without_key: bool) -> None:
+    """Refuse a port outside 1..65535, and an address beyond loopback without an API key unless told to."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port}: give 1 to 65535")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key is empty")
+    if not api_key and not public_without_key and not is_loopback(host):
+        raise ValueError(f"{host} is reachable beyond this machine: give an API key (--api-key, or VQ_GGUF_API_KEY), "
+                         "or --public-without-key to serve anyone who can reach it")
+
+
 def command(model: Path, *, host: str, port: int, n_ctx: int, threads: int | None, alias: str | None = None) -> list[str]:
     return [str(binary()), "-m", str(model), "--host", host, "--port", str(port), "-c", str(n_ctx),
             "-t", str(threads or os.cpu_count() or 1), "--alias", alias or Path(model).name, "--no-webui", "--jinja"]
@@ -43,8 +72,10 @@ class Server:
     and stops it on exit."""
 
     def __init__(self, model: str | os.PathLike, log_path: Path, *, host: str = DEFAULT_HOST,
-                 port: int = DEFAULT_PORT, n_ctx: int = 2048, threads: int | None = None):
+                 port: int = DEFAULT_PORT, n_ctx: int = 2048, threads: int | None = None,
+                 api_key: str | None = None, public_without_key: bool = False):
         model = check_model_file(model)
+        check_bind(host, port, api_key, public_without_key)
         self.base = f"http://{host}:{port}"
         self.url = f"{self.base}/v1"
         self.model_name = model.name
@@ -52,7 +83,11 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cmd = command(model, host=host, port=port, n_ctx=n_ctx, threads=threads)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}  # only the key given here
+        if api_key:
+            env["LLAMA_API_KEY"] = api_key
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "Server":
         """Block until /health answers 200 (the model is loaded); raise if the process exits or time runs out."""
@@ -92,19 +127,21 @@ class Server:
         self.stop()
 
 
-def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None) -> None:
+def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None, api_key: str | None = None,
+        public_without_key: bool = False) -> None:
     """Start the server, say where it listens, and keep it in the foreground until Ctrl-C or until it exits."""
     from native.build import home
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` too stops llama-server, through the finally below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even when started from a shell's background job,
                                                               # which inherits SIGINT ignored
     server = Server(model, home() / "logs" / f"llama-server-{port}.log", host=host, port=port, n_ctx=n_ctx,
-                    threads=threads)
+                    threads=threads, api_key=api_key, public_without_key=public_without_key)
+    auth = " -H 'Authorization: Bearer $VQ_GGUF_API_KEY'" if api_key else ""
     try:
         server.wait_ready()
         print(f"llama-server is serving {server.model_name} (log: {server.log_path})\n"
               f"  OpenAI-compatible endpoint: {server.url} (model \"{server.model_name}\")\n"
-              f"  e.g. curl {server.url}/chat/completions -H 'Content-Type: application/json' "
+              f"  e.g. curl {server.url}/chat/completions{auth} -H 'Content-Type: application/json' "
               f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
               "  Ctrl-C stops it", flush=True)
         server.proc.wait()

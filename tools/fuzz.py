@@ -1,13 +1,15 @@
 """Run the libFuzzer harnesses of the sanitizer build and report executions, coverage and crashes.
 
-    python -m tools.fuzz --seconds 60                  # both harnesses, 60 s each (what CI runs, shorter)
+    python -m tools.fuzz --seconds 60                  # every harness, 60 s each (what CI runs, shorter)
     python -m tools.fuzz --harness matmul --runs 1000000 --seconds 7200
-    nice python -m tools.fuzz --seconds 3600 --json fuzz.json
+    nice python -m tools.fuzz --harness file --model my.vq.gguf --seconds 3600 --json fuzz.json
 
 Harnesses (native/fuzz/, built by `python -m native.build --sanitize`): `matmul` (VQ layout validation, reference
-decoder, every CPU MUL_MAT path) and `load` (a GGUF from bytes through libllama's loader and a decode). Each keeps
-its corpus in $VQ_GGUF_HOME/fuzz/<harness>/corpus, so coverage accumulates over runs; `load` is seeded with the
-tiny valid model and the malformed-file corpus (tools/malformed.py). Inputs that crash, time out or trip a
+decoder, every CPU MUL_MAT path), `load` (a small GGUF from bytes through libllama's loader and a decode) and
+`file` (edits aimed at the fields of a real-size VQ file, through the loader; the default model's file from
+`make demo` unless --model). Each keeps its corpus in $VQ_GGUF_HOME/fuzz/<harness>/corpus, so coverage
+accumulates over runs; `load` is seeded with the tiny valid model and the malformed-file corpus
+(tools/malformed.py). Inputs that crash, time out or trip a
 sanitizer are saved in $VQ_GGUF_HOME/fuzz/<harness>/crashes/ and listed; the exit status is 1 if there are any.
 Every crash found becomes a case of the malformed-file corpus once fixed. docs/hardening.md.
 """
@@ -26,8 +28,10 @@ from pathlib import Path
 
 from native.build import build_sanitize, home
 
-HARNESSES = {"matmul": "fuzz-vq-matmul", "load": "fuzz-vq-load"}
-MAX_LEN = {"matmul": 4096, "load": 65536}  # bytes; the tiny model is ~36 KB
+HARNESSES = {"matmul": "fuzz-vq-matmul", "load": "fuzz-vq-load", "file": "fuzz-vq-file"}
+MAX_LEN = {"matmul": 4096, "load": 65536, "file": 80}  # bytes; the tiny model is ~36 KB; file: 8 edits of 8 bytes + 16
+DEFAULT_FILE = "compare/SmolLM2-135M-Instruct/vq-4bit.gguf"  # under $VQ_GGUF_HOME: the default model's, made by `make demo`
+MANY = 12  # fields with more parts (the vocabulary's arrays): the first and last few only
 
 
 @dataclass
@@ -68,6 +72,46 @@ def seed_matmul(corpus: Path) -> None:
         (corpus / f"seed-{i}").write_bytes(bytes(c) + bytes(range(i, i + 8)) + bytes((j * 37 + i) % 256 for j in range(256)))
 
 
+def write_regions(model: Path) -> Path:
+    """The region map of fuzz-vq-file.c beside `model`: every header field, key and value, every tensor info
+    field, the data of every VQ side tensor and the first bytes of every VQ weight's codes, as
+    "offset length width" lines (width: 8 or 4 for an integer, 4 or 2 for float or half data, 0 for bytes)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+    from vq_export import ggml_vq
+    reader = GGUFReader(model)
+    base = reader.data.ctypes.data
+    regions = [(0, 4, 0)]  # the magic
+
+    def part_region(part: np.ndarray) -> tuple[int, int, int]:
+        scalar = part.size == 1 and part.dtype.kind in "iu" and part.dtype.itemsize in (4, 8)
+        return part.ctypes.data - base, part.nbytes, part.dtype.itemsize if scalar else 0
+
+    for field in [*reader.fields.values(), *(t.field for t in reader.tensors)]:
+        parts = field.parts if len(field.parts) <= 2 * MANY else field.parts[:MANY] + field.parts[-MANY // 2:]
+        regions += [part_region(p) for p in parts if p.nbytes]
+    for t in reader.tensors:
+        offset = int(t.data_offset)
+        if t.name.rsplit(".", 1)[-1] in ggml_vq.SIDES:
+            width = {GGMLQuantizationType.F32: 4, GGMLQuantizationType.I32: 4, GGMLQuantizationType.F16: 2}.get(t.tensor_type, 0)
+            regions.append((offset, int(t.n_bytes), width))
+        elif ggml_vq.is_vq(t.tensor_type):
+            regions.append((offset, min(int(t.n_bytes), 256), 0))
+    path = model.with_name(model.name + ".regions")
+    path.write_text("".join(f"{o} {n} {w}\n" for o, n, w in regions))
+    return path
+
+
+def seed_file(corpus: Path) -> None:
+    """The file as it is, and one edit of each kind to the first fields, so that runs start with loads that pass."""
+    if any(corpus.iterdir()):
+        return
+    (corpus / "seed-0").write_bytes(b"")
+    for i, rec in enumerate([(1, 1, 0), (2, 1, 11), (3, 1, 12), (5, 0, 3), (40, 3, 7), (300, 2, 7)], start=1):
+        region, op, arg = rec
+        (corpus / f"seed-{i}").write_bytes(region.to_bytes(2, "little") + bytes([op, arg]) + (5).to_bytes(4, "little"))
+
+
 def parse_output(text: str, r: Result) -> None:
     m = re.findall(r"#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)", text)
     if m:
@@ -79,20 +123,27 @@ def parse_output(text: str, r: Result) -> None:
 
 
 def run(harness: str, seconds: float, runs: int | None = None, workdir: Path | None = None,
-        log: Path | None = None, seed: int = 0) -> Result:
-    """One libFuzzer run of `harness` for `seconds` (or `runs` executions, whichever first); seed 0: random."""
+        log: Path | None = None, seed: int = 0, model: Path | None = None) -> Result:
+    """One libFuzzer run of `harness` for `seconds` (or `runs` executions, whichever first); seed 0: random.
+    `model`: the VQ file that the `file` harness edits (default: DEFAULT_FILE)."""
     exe = build_sanitize() / HARNESSES[harness]
     base = workdir or home() / "fuzz" / harness
     corpus, crashes = base / "corpus", base / "crashes"
     corpus.mkdir(parents=True, exist_ok=True)
     crashes.mkdir(parents=True, exist_ok=True)
-    (seed_load if harness == "load" else seed_matmul)(corpus)
+    {"load": seed_load, "matmul": seed_matmul, "file": seed_file}[harness](corpus)
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+    if harness == "file":
+        model = Path(model or home() / DEFAULT_FILE)
+        if not model.is_file():
+            raise FileNotFoundError(f"{model} does not exist: give --model, or run `make demo`, which makes it")
+        write_regions(model)
+        env["VQ_FUZZ_FILE"] = str(model)
     before = set(crashes.iterdir())
     cmd = [str(exe), str(corpus), f"-max_total_time={int(seconds)}", f"-max_len={MAX_LEN[harness]}",
            "-print_final_stats=1", "-timeout=60", "-rss_limit_mb=4096", f"-artifact_prefix={crashes}/", f"-seed={seed}"]
     if runs is not None:  # 0: run the corpus once, no mutations
         cmd.append(f"-runs={runs}")
-    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
     t0 = time.time()
     with tempfile.TemporaryFile("w+") as out:
         p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -115,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60, help="per harness")
     ap.add_argument("--runs", type=int, default=None, help="stop after this many executions")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--model", type=Path, default=None, help=f"the VQ file of the file harness (default: $VQ_GGUF_HOME/{DEFAULT_FILE})")
     args = ap.parse_args(argv)
     results = []
     for h in (HARNESSES if args.harness == "all" else [args.harness]):
-        r = run(h, args.seconds, args.runs, log=home() / "fuzz" / f"{h}.log")
+        r = run(h, args.seconds, args.runs, log=home() / "fuzz" / f"{h}.log", model=args.model)
         results.append(r)
         print(f"[fuzz] {h}: {r.execs} executions in {r.seconds:.0f} s ({r.execs_per_s:.0f}/s), coverage {r.cov} edges, "
               f"{r.features} features, corpus {r.corpus}, crashes {len(r.crashes)}", flush=True)

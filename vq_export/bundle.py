@@ -16,6 +16,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gguf import GGUFReader
@@ -170,9 +171,10 @@ def _entry(p: Path) -> dict:
     return {"sha256": sha256(p), "bytes": p.stat().st_size}
 
 
-def verify(path: Path) -> dict:
+def verify(path: Path, load: Callable[[Path], None] | None = None) -> dict:
     """The manifest of a folder or .tar.gz made by export, checked against the files; raises BundleError
-    listing every missing, changed or unlisted file."""
+    listing every missing, changed or unlisted file. Then, when given, `load` checks the model file (it raises
+    on a file that the manifest lists but that llama.cpp refuses)."""
     path = Path(path)
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(path) as tar:
@@ -180,7 +182,7 @@ def verify(path: Path) -> dict:
             folders = [p for p in Path(tmp).iterdir() if p.is_dir()]
             if len(folders) != 1:
                 raise BundleError(f"{path}: expected one folder in the archive, found {len(folders)}")
-            return verify(folders[0])
+            return verify(folders[0], load)
     if not path.is_dir():
         raise BundleError(f"{path} is not an exported folder or .tar.gz")
     try:
@@ -203,4 +205,9 @@ def verify(path: Path) -> dict:
     problems += [f"not in the manifest: {name}" for name in sorted(present - set(listed) - {MANIFEST})]
     if problems:
         raise BundleError(f"{path} does not match its {MANIFEST}:\n  " + "\n  ".join(problems))
+    if load is not None:
+        model = manifest.get("model", {}).get("file") if isinstance(manifest.get("model"), dict) else None
+        if model not in listed:
+            raise BundleError(f"{path}/{MANIFEST} names no model file among its files")
+        load(path / model)
     return manifest

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -129,12 +130,22 @@ def print_summary(path: Path) -> None:
           f"\n  whole file:    {bits.file_bpw:.3f} bits per weight")
 
 
+NO_LOAD_HELP = "skip the patched llama.cpp's load checks (every tensor read, as llama.cpp does before running the file)"
+
+
+def check_loads(path: Path) -> None:
+    """The patched llama.cpp's load checks (format.md §6, every tensor's data too): a file it refuses is refused
+    by every command with the loader's own message."""
+    from runtime.llama import Model
+    with Model(path, n_ctx=64):
+        pass
+
+
 def cmd_inspect(args) -> None:
-    from runtime.llama import Model, check_model_file
+    from runtime.llama import check_model_file
     path = check_model_file(args.file)
-    if not args.no_load:   # the C loader's checks first: a file llama.cpp refuses is refused here with its message
-        with Model(path, n_ctx=64):
-            pass
+    if not args.no_load:
+        check_loads(path)
     try:
         _inspect(path, args.tensor, args.decode)
     except (ValueError, KeyError, IndexError, OverflowError, MemoryError, EOFError) as e:
@@ -198,13 +209,19 @@ def cmd_serve(args) -> None:
     from native.build import build
     from runtime.server import run
     from runtime.llama import check_model_file
+    from runtime.server import check_bind
     check_model_file(args.file)   # before the build of llama-server
+    check_bind(args.host, args.port, args.api_key, args.public_without_key)
     build(server=True)  # a no-op when llama-server is built and up to date
-    run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads)
+    run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads, api_key=args.api_key,
+        public_without_key=args.public_without_key)
 
 
 def cmd_export(args) -> None:
     from .bundle import export
+    from runtime.llama import check_model_file
+    if not args.no_load:
+        check_loads(check_model_file(args.file))
     if args.bundle:
         from native.build import build
         build()
@@ -216,10 +233,11 @@ def cmd_export(args) -> None:
 def cmd_verify(args) -> None:
     from .bundle import BundleError, verify
     try:
-        manifest = verify(Path(args.path))
+        manifest = verify(Path(args.path), load=None if args.no_load else check_loads)
     except BundleError as e:
         sys.exit(f"vq-gguf verify: {e}")
-    print(f"{args.path}: all {len(manifest['files'])} files match manifest.json")
+    loaded = "" if args.no_load else f"; {manifest['model']['file']} passes the loader's checks"
+    print(f"{args.path}: all {len(manifest['files'])} files match manifest.json{loaded}")
 
 
 def cmd_wheel(args) -> None:
@@ -325,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     from runtime.llama import thread_count
     ap = argparse.ArgumentParser(prog="vq-gguf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    ap.add_argument("--debug", action="store_true", help="show the Python traceback of an error, not just its message")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("build", help="build the patched llama.cpp and the runtime bindings")
@@ -351,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="output .npz")
     p.add_argument("--windows", type=int, default=320,
-                   help="training windows of 512 tokens (320 + 8: 194 MB; 96 overfits in 300 steps of 8, docs/quantizer.md)")
+                   help="training windows of 512 tokens (fewer overfit: docs/results.md \"The fine-tuning teacher\")")
     p.add_argument("--heldout", type=int, default=8, help="held-out windows that choose the step kept")
     p.add_argument("--calib", nargs="+", default=None, help="calibration text (default: the Austen novels shipped in the package)")
     p.add_argument("--seed", type=int, default=1, help="seed of the window draw")
@@ -378,8 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("file")
     p.add_argument("--tensor", default=None, help="only tensors whose name contains this")
     p.add_argument("--decode", action="store_true", help="decode VQ tensors with the numpy reference decoder")
-    p.add_argument("--no-load", action="store_true", help="skip the patched llama.cpp's load checks (every tensor "
-                   "read, as llama.cpp does before running the file)")
+    p.add_argument("--no-load", action="store_true", help=NO_LOAD_HELP)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("clean", help="remove the resume folders of interrupted quantizations and fine-tunings")
@@ -401,6 +419,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--threads", type=thread_count, default=None)
+    p.add_argument("--api-key", default=os.environ.get("VQ_GGUF_API_KEY"),
+                   help="requests must carry 'Authorization: Bearer KEY' (default: $VQ_GGUF_API_KEY); "
+                        "required beyond loopback")
+    p.add_argument("--public-without-key", action="store_true",
+                   help="serve beyond loopback without an API key (anyone who can reach the port may use it)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="a folder with the GGUF, its model card and manifest; --bundle adds the "
@@ -410,10 +433,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bundle", action="store_true", help="add the shared libraries, headers and C example")
     p.add_argument("--archive", action="store_true", help="also pack the folder as OUT.tar.gz")
     p.add_argument("--results", default=None, help="results.json of `vq-gguf compare` (default: any under $VQ_GGUF_HOME/compare with this file)")
+    p.add_argument("--no-load", action="store_true", help=NO_LOAD_HELP)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("verify", help="check an exported folder or .tar.gz against its manifest")
+    p = sub.add_parser("verify", help="check an exported folder or .tar.gz against its manifest, and load its model")
     p.add_argument("path")
+    p.add_argument("--no-load", action="store_true", help=NO_LOAD_HELP)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("wheel", help="build a llama-cpp-python wheel of the patched llama.cpp")
@@ -439,6 +464,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # bad input, unwritable output, llama.cpp's refusals
+        if args.debug:
+            raise
         sys.exit(f"vq-gguf {args.cmd}: {e}")
 
 

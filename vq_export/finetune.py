@@ -32,7 +32,7 @@ from .atomic import digest, hold, replacing
 from .model import Llama
 from .vqtensor import VQTensor
 
-LR = 1e-3   # Adam's starting rate; against 3e-4 over 150 steps: 2.25bit-shared -5.5 % PPL, 3bit-shared -1.0 % (docs/quantizer.md)
+LR = 1e-3   # Adam's starting rate; better than 3e-4 on every preset tried (docs/results.md "Learning rate")
 
 
 class VQWeight(torch.nn.Module):

@@ -95,31 +95,32 @@ TWO_BIT_SHARED = Preset("2bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale
 
 PRESETS = {
     "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
-    # a few more bits where a bit buys the most KL per weight (tools.sensitivity, docs/quantizer.md "Bits by kind"):
+    # a few more bits where a bit buys the most KL per weight (tools.sensitivity; docs/results.md "Bits by kind"):
     # the first and last blocks' ffn_down, attn_v (3 bits), and at 3 and 4 bits attn_k and attn_v (4 and 5 bits)
     "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256),
                    overrides=(("ffn_down@0", VPTQConfig(v=2, k=64)), ("ffn_down@-1", VPTQConfig(v=2, k=32)),
                               ("attn_v", VPTQConfig(v=2, k=64)))),
-    # the same bits, but one v6 k4096 codebook per kind (stored once) and a scale per row: PPL 105.6 against 145.5,
-    # 77.7 against 84.4 after fine-tuning (docs/quantizer.md "One codebook per kind"); twice the quantizing time
-    # (past the 15-minute aim for the default) and 76-89 % of the generation speed on AVX2 (docs/kernels.md)
+    # the same bits, but one v6 k4096 codebook per kind (stored once) and a scale per row: a codebook of 4096 costs
+    # nothing per tensor when shared, and is far better than 2bit before and after fine-tuning, at twice the
+    # quantizing time and lower generation speed (docs/results.md "One codebook per kind", docs/kernels.md)
     "2bit-shared": TWO_BIT_SHARED,
     # a quarter bit more, where a bit buys the most: 2bit-shared, plus 3 bits (one v4 k4096 codebook per kind) for
-    # attn_k and the early blocks' ffn tensors: 2.25 bpw, PPL 81.6 against 105.6 before fine-tuning (68.1 after 150
-    # steps); v4 k512 for every tensor instead (2.31 bpw) gave 105.0 (docs/quantizer.md "A quarter bit more")
+    # attn_k and the early blocks' ffn tensors; spreading the same bits evenly (v4 k512 everywhere) gains almost
+    # nothing (docs/results.md "A quarter bit more")
     "2.25bit-shared": dataclasses.replace(TWO_BIT_SHARED, name="2.25bit-shared",
                                           overrides=SHARED_2BIT_OVERRIDES + QUARTER_BIT_OVERRIDES),
-    # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/quantizer.md)
+    # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/results.md
+    # "Layouts on single weights")
     "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64),
                    overrides=(("attn_k", VPTQConfig(v=2, k=256)), ("attn_v", VPTQConfig(v=2, k=256)))),
-    # shared at 3 bits: v4 k4096 per kind, row scales; attn_v per tensor at 4 bits: 34.3 against 41.8 before fine-tuning
+    # shared at 3 bits: v4 k4096 per kind, row scales; attn_v per tensor at 4 bits (docs/results.md)
     "3bit-shared": Preset("3bit-shared", "vptq", VPTQConfig(v=4, k=4096, row_scale=True),
                           overrides=(("attn_v", VPTQConfig(v=2, k=256, row_scale=True)),),
                           share=SHARED_KINDS),
     "4bit": Preset("4bit", "vptq", VPTQConfig(v=2, k=256),
                    overrides=(("attn_k", VPTQConfig(v=2, k=1024)), ("attn_v", VPTQConfig(v=2, k=1024)))),
-    # shared at 4 bits: triples of channels, v3 k4096 per kind, row scales; attn_v per tensor at 5 bits: 25.21 against
-    # 25.66 for 4bit before fine-tuning, at 0.02 bits less (docs/quantizer.md)
+    # shared at 4 bits: triples of channels, v3 k4096 per kind, row scales; attn_v per tensor at 5 bits; better than
+    # 4bit at slightly fewer bits, slower to quantize (docs/results.md)
     "4bit-shared": Preset("4bit-shared", "vptq", VPTQConfig(v=3, k=4096, row_scale=True),
                           overrides=(("attn_v", VPTQConfig(v=2, k=1024, row_scale=True)),),
                           share=SHARED_KINDS),

@@ -3,7 +3,7 @@
 Austen's novels are one narrow domain; a model's own samples cover what it was trained on (data-free
 calibration, as in LLM-QAT). The model samples at temperature 1 (min-p 0.02 keeps the rare broken token
 out) from short generic openings, one sequence at a time, until the text holds the tokens asked for.
-Measured against Austen in docs/quantizer.md; the text is an ordinary `--calib` file.
+Measured against Austen in docs/results.md ("Calibration"); the text is an ordinary `--calib` file.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ class VPTQConfig:
     act_order: bool = True       # columns in descending diag(H) order
     damp: float = 0.01           # added to diag(H), relative to its mean
     block: int = 128             # columns per lazy-update block
-    kmeans_iters: int = 12        # Lloyd passes over ≤ 2¹⁶ vectors (docs/quantizer.md: close to 30 over all of them)
+    kmeans_iters: int = 12       # Lloyd passes over ≤ 2¹⁶ vectors (docs/results.md "The k-means sample")
     refit_rounds: int = 2        # codebook refit + re-assignment rounds (0: the paper's fixed k-means codebook)
     groups: int = 1              # column groups, each with its own codebooks (stored columns j·G/in)
     col_norm: bool = False       # per-column scale and bias: codebooks see (w − t_j)/s_j (the paper's normalization)

@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     }
     char path[64];
     snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    vq_load_model(path, 2);
+    vq_load_model(path, 2, true);
     close(fd);
     return 0;
 }

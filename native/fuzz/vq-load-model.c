@@ -4,10 +4,10 @@
 
 #include <stdlib.h>
 
-enum vq_load_result vq_load_model(const char * path, int n_tokens) {
+enum vq_load_result vq_load_model(const char * path, int n_tokens, bool check_data) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    mp.check_tensors = true; // NaN/Inf and invalid quant blocks in the data are refused, as the runtime does
+    mp.check_tensors = check_data;
     struct llama_model * model = llama_model_load_from_file(path, mp);
     if (!model) {
         return VQ_LOAD_REFUSED;

@@ -2,6 +2,7 @@
 // the load fuzzer (fuzz-vq-load) do with each file. See docs/hardening.md.
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum vq_load_result {
@@ -11,5 +12,7 @@ enum vq_load_result {
     VQ_LOAD_NO_RUN  = 4,  // loaded, but decoding failed
 };
 
-// n_tokens token ids 0, 1, ... (modulo the vocabulary) are decoded in one batch; 0: load only
-enum vq_load_result vq_load_model(const char * path, int n_tokens);
+// n_tokens token ids 0, 1, ... (modulo the vocabulary) are decoded in one batch; 0: load only.
+// check_data: llama.cpp's check of every tensor's data (NaN/Inf, invalid quant blocks), as the runtime loads;
+// the VQ side tensors' data checks run either way.
+enum vq_load_result vq_load_model(const char * path, int n_tokens, bool check_data);

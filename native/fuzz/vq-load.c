@@ -32,7 +32,7 @@ int main(int argc, char ** argv) {
     }
     llama_log_set(log_warnings, NULL);
     llama_backend_init();
-    const enum vq_load_result res = vq_load_model(argv[1], argc > 2 ? atoi(argv[2]) : 3);
+    const enum vq_load_result res = vq_load_model(argv[1], argc > 2 ? atoi(argv[2]) : 3, true);
     llama_backend_free();
     printf("%s\n", res == VQ_LOAD_OK ? "ok" : res == VQ_LOAD_REFUSED ? "refused" : res == VQ_LOAD_NO_CTX ? "no context" : "decode failed");
     return (int) res;
