@@ -1,14 +1,14 @@
 """Fetch, check, patch and build llama.cpp with the VQ type; build the cffi module of the runtime.
 
-    python -m native.build            # everything, reusing whatever is up to date
-    python -m native.build --server   # also llama-server
-    python -m native.build --cuda --cuda-arch 90   # with the CUDA backend (docs/cuda.md)
-    python -m native.build --sanitize # the hardening build: ASan/UBSan + libFuzzer (clang), docs/hardening.md
+    python -m vq_gguf.native.build            # everything, reusing whatever is up to date
+    python -m vq_gguf.native.build --server   # also llama-server
+    python -m vq_gguf.native.build --cuda --cuda-arch 90   # with the CUDA backend (docs/cuda.md)
+    python -m vq_gguf.native.build --sanitize # the hardening build: ASan/UBSan + libFuzzer (clang), docs/hardening.md
 
 Steps (each skipped when its inputs have not changed):
 1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
 2. extract its vendor/llama.cpp, copy native/ggml and native/llama into it, apply native/patches/llama.cpp.patch;
-3. configure the root CMakeLists.txt with ninja and ccache, build the libraries and tools;
+3. configure native/CMakeLists.txt with ninja and ccache, build the libraries and tools;
 4. compile runtime's cffi extension against the tree's llama.h (API mode: the C compiler checks every
    struct field the bindings use, so the layouts cannot drift).
 
@@ -17,7 +17,6 @@ Everything lives in a cache folder outside the repo: $VQ_GGUF_HOME, default ~/.c
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import subprocess
@@ -25,8 +24,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-NATIVE = REPO / "native"
+from vq_gguf.atomic import sha256
+from vq_gguf.paths import home
+
+NATIVE = Path(__file__).resolve().parent  # the patch, our C/CUDA sources and the CMakeLists.txt, inside the package
 PATCH = NATIVE / "patches" / "llama.cpp.patch"
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -51,10 +52,6 @@ SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-file", "fuzz-vq-matmul"]
 SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
 
 
-def home() -> Path:
-    return Path(os.environ.get("VQ_GGUF_HOME", Path.home() / ".cache" / "vq-gguf"))
-
-
 def tree_dir() -> Path:
     return home() / "llama.cpp"
 
@@ -73,14 +70,6 @@ def sanitize_bin_dir() -> Path:
 
 def log(msg: str) -> None:
     print(f"[build] {msg}", flush=True)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_sdist() -> Path:
@@ -112,9 +101,9 @@ def prepare_tree(sdist: Path) -> Path:
     """Extract and patch the tree when the sdist or the patch changed; refresh our own files always."""
     tree = tree_dir()
     stamp = tree / ".vq-stamp"
-    want = f"{LLAMA_CPP_PYTHON_SHA256}\n{hashlib.sha256(PATCH.read_bytes()).hexdigest()}\n"
+    want = f"{LLAMA_CPP_PYTHON_SHA256}\n{sha256(PATCH)}\n"
     if not (stamp.exists() and stamp.read_text() == want):
-        log(f"extracting vendor/llama.cpp and applying {PATCH.relative_to(REPO)}")
+        log(f"extracting vendor/llama.cpp and applying {PATCH}")
         tmp = tree.with_name(tree.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
@@ -139,17 +128,18 @@ def prepare_tree(sdist: Path) -> Path:
 
 
 def cmake_build(tree: Path, build: Path, opts: dict[str, str], targets: list[str], jobs: int, env: dict | None = None) -> None:
-    """Configure `build` from the root CMakeLists.txt with the cache entries `opts` (NAME:TYPE -> value; again
-    whenever one differs from the cache, from scratch when another checkout configured it), then build `targets`."""
+    """Configure `build` from native/CMakeLists.txt with the cache entries `opts` (NAME:TYPE -> value; again
+    whenever one differs from the cache, from scratch when another checkout or install configured it), then build
+    `targets`."""
     cache = build / "CMakeCache.txt"
-    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={REPO}\n" not in cache.read_text():
-        log(f"the build folder was configured from another checkout; reconfiguring it for {REPO}")
+    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={NATIVE}\n" not in cache.read_text():
+        log(f"the build folder was configured from another checkout or install; reconfiguring it for {NATIVE}")
         cache.unlink()
         shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
     opts = {"VQ_LLAMA_SOURCE_DIR:PATH": str(tree), **opts}
     if not cache.exists() or any(f"{k}={v}\n" not in cache.read_text() for k, v in opts.items()):
         log(f"configuring {build}")
-        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", *(f"-D{k}={v}" for k, v in opts.items()),
+        subprocess.run(["cmake", "-S", str(NATIVE), "-B", str(build), "-G", "Ninja", *(f"-D{k}={v}" for k, v in opts.items()),
                         "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
                        check=True, stdout=subprocess.DEVNULL, env=env)
     log(f"building {' '.join(targets)} with {jobs} jobs")
@@ -168,7 +158,7 @@ def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None =
     """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/.
     tree: an already patched tree (tools/gpu_check.sh carries one to a machine without network);
     defines: more CMake cache entries, NAME:TYPE -> value."""
-    from native import cuda
+    from vq_gguf.native import cuda
     ensure_tools(patching=tree is None)
     tree = tree or prepare_tree(fetch_sdist())
     cache = build_dir() / "CMakeCache.txt"
@@ -178,7 +168,7 @@ def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None =
             **(cuda.cmake_options(cuda_arch) if cuda_arch else {"VQ_CUDA:BOOL": "OFF"}), **(defines or {})}
     cmake_build(tree, build_dir(), opts, TARGETS + (["llama-server"] if server else []), jobs or os.cpu_count() or 2)
     if runtime:
-        from runtime import ffi_build
+        from vq_gguf.runtime import ffi_build
         ffi_build.build(tree, bin_dir())
     return bin_dir()
 
@@ -202,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (build-asan)")
     ap.add_argument("--cuda", action="store_true", help="build the CUDA backend (needs nvcc and cuBLAS)")
     ap.add_argument("--cuda-arch", default="90", help="CUDA architectures, CMake syntax (default 90: Hopper)")
+    ap.add_argument("--cuda-check", action="store_true",
+                    help="only compile the CUDA sources we touch with nvcc (no GPU needed; native/cuda.py)")
     ap.add_argument("--tree", type=Path, default=None, help="use this patched llama.cpp tree instead of fetching one")
     ap.add_argument("--no-runtime", action="store_true", help="skip the runtime's cffi module")
     ap.add_argument("--define", action="append", default=[], metavar="NAME:TYPE=VALUE",
@@ -210,6 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.sanitize:
         print(build_sanitize(jobs=args.jobs))
+        return
+    if args.cuda_check:
+        from vq_gguf.native import cuda
+        cuda.check(prepare_tree(fetch_sdist()), args.cuda_arch)
         return
     defines = dict(d.split("=", 1) for d in args.define)
     print(build(server=args.server, jobs=args.jobs, cuda_arch=args.cuda_arch if args.cuda else None,

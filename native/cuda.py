@@ -1,7 +1,7 @@
 """The CUDA toolchain for the VQ kernels: nvcc, cuBLAS's headers and libraries, and an nvcc compile check.
 
-    python -m native.cuda setup             # make sure nvcc and cuBLAS's headers are there (scripts/setup.sh)
-    python -m native.cuda check [--arch 90] # compile our .cu file and the hooked ggml-cuda.cu to objects
+    python -m vq_gguf.native.cuda setup                  # make sure nvcc and cuBLAS's headers are there (scripts/setup.sh)
+    python -m vq_gguf.native.build --cuda-check [--cuda-arch 90]   # compile our .cu file and the hooked ggml-cuda.cu
 
 nvcc is the CUDA toolkit's (PATH, $CUDA_HOME, /usr/local/cuda); where there is none, `setup` installs the pinned
 CUDA 13.0 compiler wheels from PyPI into $VQ_GGUF_HOME/cuda-toolkit. cuBLAS is looked up in the toolkit, then in an
@@ -20,7 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from native import build
+from vq_gguf.paths import home
 
 CUBLAS_WHEEL = "nvidia-cublas==13.0.2.14"   # the cuBLAS of CUDA 13.0, the nvcc CI has
 # nvcc 13.0 as PyPI wheels (all under nvidia/cu13/, which nvcc.profile takes as the toolkit's root)
@@ -35,7 +35,7 @@ CHECKED_SOURCES = ["ggml/src/ggml-cuda/vq-cuda.cu", "ggml/src/ggml-cuda/ggml-cud
 
 
 def _pip_toolkit() -> Path:
-    return build.home() / "cuda-toolkit" / "nvidia" / "cu13"
+    return home() / "cuda-toolkit" / "nvidia" / "cu13"
 
 
 def nvcc() -> Path | None:
@@ -53,7 +53,7 @@ def toolkit_root() -> Path | None:
 
 
 def _wheel_dir() -> Path:
-    return build.home() / "cuda"
+    return home() / "cuda"
 
 
 def _cublas_roots() -> list[Path]:
@@ -102,7 +102,7 @@ def fetch_headers() -> Path:
     found = cublas_include()
     if found:
         return found
-    dl = build.home() / "dl" / "cublas"
+    dl = home() / "dl" / "cublas"
     wheels = sorted(dl.glob("nvidia_cublas-*.whl"))
     if not wheels:
         print(f"[cuda] downloading {CUBLAS_WHEEL} (for its headers)", flush=True)
@@ -145,18 +145,18 @@ def setup() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["setup", "check"])
-    ap.add_argument("--arch", default=DEFAULT_ARCH)
-    args = ap.parse_args(argv)
-    if args.what == "setup":
-        setup()
-        return
-    tree = build.prepare_tree(build.fetch_sdist())
-    out = build.home() / "cuda-check"
+    ap.add_argument("what", choices=["setup"])
+    ap.parse_args(argv)
+    setup()
+
+
+def check(tree: Path, arch: str = DEFAULT_ARCH) -> None:
+    """nvcc -c of each of CHECKED_SOURCES in the patched tree, into $VQ_GGUF_HOME/cuda-check."""
+    out = home() / "cuda-check"
     out.mkdir(parents=True, exist_ok=True)
     for src in CHECKED_SOURCES:
-        secs = compile_object(tree, src, out / (Path(src).stem + ".o"), args.arch)
-        print(f"[cuda] {src}: compiled for sm_{args.arch} in {secs:.1f} s")
+        secs = compile_object(tree, src, out / (Path(src).stem + ".o"), arch)
+        print(f"[cuda] {src}: compiled for sm_{arch} in {secs:.1f} s")
 
 
 if __name__ == "__main__":

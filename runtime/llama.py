@@ -56,12 +56,12 @@ def lib_dir() -> Path:
     """Folder of the patched shared libraries: $VQ_GGUF_LIB_DIR, or the build folder of native.build."""
     if os.environ.get("VQ_GGUF_LIB_DIR"):
         return Path(os.environ["VQ_GGUF_LIB_DIR"])
-    from native.build import bin_dir
+    from vq_gguf.native.build import bin_dir
     return bin_dir()
 
 
 def load_lib(verbose: bool = False):
-    """The cffi module (ffi, lib), built by `python -m native.build`."""
+    """The cffi module (ffi, lib), built by `python -m vq_gguf.native.build`."""
     global _lib
     if _lib is None:
         folder = lib_dir() / "python"

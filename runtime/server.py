@@ -31,7 +31,7 @@ class ServerError(RuntimeError):
 
 
 def binary() -> Path:
-    from native.build import bin_dir
+    from vq_gguf.native.build import bin_dir
     path = bin_dir() / "llama-server"
     if not path.exists():
         raise ServerError(f"{path} is not built: run `vq-gguf build --server`")
@@ -130,7 +130,7 @@ class Server:
 def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None, api_key: str | None = None,
         public_without_key: bool = False) -> None:
     """Start the server, say where it listens, and keep it in the foreground until Ctrl-C or until it exits."""
-    from native.build import home
+    from vq_gguf.paths import home
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` too stops llama-server, through the finally below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even when started from a shell's background job,
                                                               # which inherits SIGINT ignored

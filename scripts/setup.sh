@@ -43,6 +43,6 @@ echo "[setup] installing vq-gguf from $(pwd)"
 $PY -m pip install -q -e ".${TEST:+[test]}"
 if [ -n "$TEST" ]; then
     # nvcc and cuBLAS's headers for the CUDA compile check (tests/test_cuda_compile.py); no GPU needed
-    $PY -m native.cuda setup
+    $PY -m vq_gguf.native.cuda setup
 fi
 echo "[setup] done in $((SECONDS - start)) s"

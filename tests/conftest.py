@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from native.build import home
-from vq_export import default_model, gguf_writer, source
-from vq_export.calib import DATA_DIR, EVAL_TEXT
-from vq_export.quantize import VQConfig, quantize_linear
-from vq_export.reference import dequantize
-from vq_export.vqtensor import VQTensor
+from vq_gguf import default_model, gguf_writer, source
+from vq_gguf.calib import DATA_DIR, EVAL_TEXT
+from vq_gguf.paths import home
+from vq_gguf.quantize import VQConfig, quantize_linear
+from vq_gguf.reference import dequantize
+from vq_gguf.vqtensor import VQTensor
 
 DATA = DATA_DIR
 
@@ -93,7 +93,7 @@ def feature_files(src, tmp_path_factory) -> tuple[Path, Path, dict[str, VQTensor
 @pytest.fixture(scope="session")
 def ffn_down_file(src, tmp_path_factory) -> Path:
     """The default model with every ffn_down at ~2 bits (k-means v4 k256), the rest Q8_0."""
-    from vq_export.quantize import quantize_model
+    from vq_gguf.quantize import quantize_model
     out = tmp_path_factory.mktemp("ffn_down") / "ffn_down.vq.gguf"
     return quantize_model(src, out, VQConfig(v=4, k=256, iters=8), only=["ffn_down"])
 
@@ -117,5 +117,5 @@ def hf_dir(default_gguf, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_src(hf_dir, tmp_path_factory):
     """The tiny llama converted to GGUF by the pinned llama.cpp's converter, as a SourceModel."""
-    from native.build import tree_dir
+    from vq_gguf.native.build import tree_dir
     return source.load(hf_dir, llama_tree=tree_dir(), cache_dir=tmp_path_factory.mktemp("hf-gguf"))

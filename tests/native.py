@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.llama import load_lib
-from vq_export.vqtensor import VQTensor
+from vq_gguf.runtime.llama import load_lib
+from vq_gguf.vqtensor import VQTensor
 
 
 def c_layout(t: VQTensor):
@@ -15,7 +15,7 @@ def c_layout(t: VQTensor):
     merged = t.codes.astype(np.uint64)
     if t.res_codes is not None:
         merged |= t.res_codes.astype(np.uint64) << np.uint64(t.b1)
-    from vq_export.pack import pack_codes
+    from vq_gguf.pack import pack_codes
     keep = {"codes": np.ascontiguousarray(pack_codes(merged, t.b1 + t.b2)),
             "codebook": np.ascontiguousarray(t.codebook, dtype=np.float16)}
     L = ffi.new("struct ggml_vq_layout *")

@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from tools.allocate import greedy, tensor_configs
+from vq_gguf.tools.allocate import greedy, tensor_configs
 
 BITS = [1.75, 2.0, 2.25, 3.0]
 
@@ -39,8 +39,8 @@ def test_tensor_configs_group_blocks_by_kind_and_rung():
 def test_tensor_configs_are_what_quantize_applies():
     import dataclasses
 
-    from vq_export.cli import parse_tensor_config
-    from vq_export.quantize import PRESETS
+    from vq_gguf.cli import parse_tensor_config
+    from vq_gguf.quantize import PRESETS
     preset = PRESETS["2bit"]
     rung = {f"blk.{b}.ffn_down": r for b, r in [(0, 2), (1, 0), (2, 1), (29, 2)]}
     args = tensor_configs(rung, ["v=4,k=128", "v=4,k=256", "v=2,k=64"])
@@ -50,7 +50,7 @@ def test_tensor_configs_are_what_quantize_applies():
 
 
 def test_bad_paths_and_files_are_refused_clearly(tmp_path):
-    from tools.allocate import main
+    from vq_gguf.tools.allocate import main
     with pytest.raises(SystemExit, match="no such file"):
         main([str(tmp_path / "missing.gguf"), "--sensitivity", "s.json", "--budget", "2", "--ladder", "v=4,k=256"])
     (tmp_path / "f.gguf").write_bytes(b"")

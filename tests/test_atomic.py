@@ -1,11 +1,11 @@
-"""Writes through vq_export.atomic: complete or not at all, and a killed writer's leftovers removed."""
+"""Writes through vq_gguf.atomic: complete or not at all, and a killed writer's leftovers removed."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from vq_export.atomic import replacing
+from vq_gguf.atomic import replacing
 
 
 def test_the_target_appears_only_when_complete(tmp_path):

@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from runtime.llama import lib_dir as bin_dir
-from vq_export import bpw, quantize
-from vq_export.quantize import VQConfig, quantize_model
+from vq_gguf import bpw, quantize
+from vq_gguf.quantize import VQConfig, quantize_model
+from vq_gguf.runtime.llama import lib_dir as bin_dir
 
 
 def test_bpw_matches_hand_count(ffn_down_file, src):
@@ -31,7 +31,7 @@ def test_bpw_matches_hand_count(ffn_down_file, src):
 
 
 def test_inspect_cli(ffn_down_file):
-    out = subprocess.run([sys.executable, "-m", "vq_export.cli", "inspect", str(ffn_down_file), "--tensor", "blk.3.",
+    out = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "inspect", str(ffn_down_file), "--tensor", "blk.3.",
                           "--decode"], capture_output=True, text=True, check=True).stdout
     assert "vq.format_version = 1" in out
     assert "blk.3.ffn_down.weight" in out and "v=4 k=256" in out and "finite True" in out
@@ -81,8 +81,8 @@ def test_llama_quantize_passes_vq_tensors_through(ffn_down_file, tmp_path):
 
 
 def test_preset_overrides_select_kinds_and_blocks():
-    from vq_export.cli import parse_tensor_config
-    from vq_export.quantize import PRESETS
+    from vq_gguf.cli import parse_tensor_config
+    from vq_gguf.quantize import PRESETS
     base = PRESETS["2bit"]
     preset = quantize.Preset("t", "vptq", base.config, overrides=(
         parse_tensor_config("ffn_down@0,-1:v=2,k=64", base.config), parse_tensor_config("attn_v:k=16", base.config)))
@@ -104,7 +104,7 @@ def test_preset_overrides_select_kinds_and_blocks():
 def test_quantize_flags_keep_the_presets_overrides_unless_they_change_the_geometry():
     import argparse
 
-    from vq_export.cli import add_quantize, preset_from_args
+    from vq_gguf.cli import add_quantize, preset_from_args
     parser = argparse.ArgumentParser()
     add_quantize(parser)
     base = quantize.PRESETS["2bit-shared"]
@@ -122,7 +122,7 @@ def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budge
     """Index bits, F16 codebooks (a shared one once) and F16 row scales of every block linear of the default model,
     as the file will count them: the kinds a preset gives more bits (attn_v, attn_k, the end blocks' ffn_down) must
     not take it past its budget."""
-    from vq_export.quantize import PRESETS
+    from vq_gguf.quantize import PRESETS
     preset = PRESETS[name]
     bits = weights = 0
     books = {}  # one per tensor, or one per (kind, settings) where the kind is shared

@@ -2,7 +2,7 @@
 busy: `vq-gguf inspect`, `chat`, `export` and `verify` (a bundle whose manifest matches a malformed model), and
 the patched llama.cpp's `llama-completion`, `llama-perplexity`, `llama-bench` and `llama-server`. Each must exit
 with a non-zero status of its own (no signal), within the time limit, with the loader's words for the problem
-on stderr (tools/malformed.py says which words).
+on stderr (tests/malformed.py says which words).
 
 CI runs a fixed sample of the corpus; `VQ_GGUF_SWEEP=all python -m pytest tests/test_commands.py` runs all of it
 (docs/hardening.md).
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from native.build import REPO, bin_dir
+from tests import REPO
+from tests import malformed, tiny_model
 from tests.test_integrations import free_port
-from tools import malformed, tiny_model
-from vq_export import bundle
+from vq_gguf import bundle
+from vq_gguf.native.build import bin_dir
 
 REFUSED = [c for c in malformed.corpus() if c.expect is not None]
 CASES = REFUSED if os.environ.get("VQ_GGUF_SWEEP") == "all" else REFUSED[::10]
@@ -29,7 +30,7 @@ TEXT = "a b c d e f g h i j k l m n\n" * 40
 
 
 def vq_gguf(*args: str) -> list[str]:
-    return [sys.executable, "-m", "vq_export.cli", *args]
+    return [sys.executable, "-m", "vq_gguf.cli", *args]
 
 
 def commands(model: Path, tmp: Path) -> dict[str, list[str]]:

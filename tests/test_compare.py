@@ -18,8 +18,8 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
 from tests.conftest import DATA, EVAL_TEXT
-from tools import compare, llamacpp, report
-from vq_export import bundle, cli
+from vq_gguf import bundle, cli
+from vq_gguf.tools import compare, llamacpp, report
 
 CALIB = DATA / "calib" / "austen-prideprejudice.txt"
 FAST_PRESET = "kmeans-2bit"  # plain k-means, no calibration pass: seconds per tensor with the flags below

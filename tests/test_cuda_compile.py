@@ -6,7 +6,7 @@ the tests fail (CI machines have the CUDA toolkit); running the kernels is tools
 """
 import pytest
 
-from native import build, cuda
+from vq_gguf.native import build, cuda
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import vq_export
-from vq_export import calib
+import vq_gguf
+from vq_gguf import calib
 
-PACKAGE_DATA = Path(vq_export.__file__).parent / "data"
+PACKAGE_DATA = Path(vq_gguf.__file__).parent / "data"
 
 
 def test_defaults_point_into_the_package():
@@ -55,7 +55,7 @@ def test_demo_stops_before_any_work_without_data(tmp_path):
     """With the data pointed at an empty folder, the demo exits at once with the message, before the build."""
     env = {**os.environ, "VQ_GGUF_DATA": str(tmp_path), "VQ_GGUF_HOME": str(tmp_path / "home")}
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "vq_export.cli", "demo"], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "demo"], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"calibration text {tmp_path / 'calib'} does not exist" in proc.stderr and "VQ_GGUF_DATA" in proc.stderr

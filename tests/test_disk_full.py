@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from tests.test_resume import TEXT, TINY, parts_of
-from vq_export import quantize
-from vq_export.quantize import quantize_model
+from vq_gguf import quantize
+from vq_gguf.quantize import quantize_model
 
 DISK = "64m"  # room for the tiny model's output, parts and temporary GGUF, so that the check before the work passes
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from runtime.llama import LlamaError, Model, SamplerConfig, check_threads
-from tools import tiny_model
-from vq_export import source
+from tests import tiny_model
+from vq_gguf import source
+from vq_gguf.runtime.llama import LlamaError, Model, SamplerConfig, check_threads
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_thread_count_is_bounded(tiny, threads):
     """Thousands of threads would make llama.cpp spin for minutes before the first token: refused at once."""
     with pytest.raises(ValueError, match=f"{threads} threads: give 1 to"):
         Model(tiny, n_threads=threads) if threads > 0 else check_threads(threads)
-    r = subprocess.run([sys.executable, "-m", "vq_export.cli", "chat", str(tiny), "--prompt", "hi", "--threads", str(threads)],
+    r = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "chat", str(tiny), "--prompt", "hi", "--threads", str(threads)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and f"argument --threads: {threads} threads: give 1 to" in r.stderr and "Traceback" not in r.stderr
 

@@ -3,9 +3,9 @@ gradient of the next-token loss with respect to that output, checked against aut
 import torch
 import torch.nn.functional as F
 
-from tools import tiny_model
-from vq_export.fisher import channel_fisher
-from vq_export.model import Llama, rms_norm
+from tests import tiny_model
+from vq_gguf.fisher import channel_fisher
+from vq_gguf.model import Llama, rms_norm
 
 
 def test_channel_fisher_matches_autograd():

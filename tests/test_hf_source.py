@@ -1,11 +1,10 @@
 """A Hugging Face directory (config.json + safetensors + tokenizer) as the quantizer's source: converted by
 the pinned llama.cpp's convert_hf_to_gguf.py, quantized, and loaded by the patched llama.cpp."""
 import numpy as np
-import pytest
 
-from runtime.llama import Model
-from vq_export import gguf_writer, source
-from vq_export.quantize import VQConfig, quantize_linear
+from vq_gguf import gguf_writer
+from vq_gguf.quantize import VQConfig, quantize_linear
+from vq_gguf.runtime.llama import Model
 
 
 def test_hf_directory_to_vq_gguf(hf_dir, tiny_src, tmp_path):

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from native.build import REPO, bin_dir, tree_dir
-from native.wheel import build_wheel, check
-from vq_export import bundle
-from vq_export.bpw import count
+from tests import REPO
+from vq_gguf import bundle, model_card
+from vq_gguf.bpw import count
+from vq_gguf.native.build import bin_dir, tree_dir
+from vq_gguf.native.wheel import build_wheel, check
 
 PROMPT = "What is the capital of France?"
 SYSTEM = "You are a helpful assistant."  # explicit: SmolLM2's Jinja template adds its own system turn when none is given
@@ -33,7 +34,7 @@ THREADS = 2
 @pytest.fixture(scope="module")
 def reference(ffn_down_file) -> str:
     """The answer of `vq-gguf chat` (greedy by default), as the command prints it."""
-    proc = subprocess.run([sys.executable, "-m", "vq_export.cli", "chat", str(ffn_down_file), "--prompt", PROMPT,
+    proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "chat", str(ffn_down_file), "--prompt", PROMPT,
                            "--system", SYSTEM, "--max-tokens", str(N_TOKENS), "--threads", str(THREADS)],
                           cwd=REPO, capture_output=True, text=True, check=True)
     answer = proc.stdout.removesuffix("\n")
@@ -59,7 +60,7 @@ def free_port() -> int:
 def served(ffn_down_file):
     """`vq-gguf serve` running in the background: (its process, the endpoint it printed, its port)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "vq_export.cli", "serve", str(ffn_down_file), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "vq_gguf.cli", "serve", str(ffn_down_file), "--port", str(port),
                              "--threads", str(THREADS)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     printed = []
@@ -130,7 +131,7 @@ def test_serve_stops_on_ctrl_c(served, ffn_down_file):
 
 
 def test_serve_refuses_a_missing_model(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "vq_export.cli", "serve", str(tmp_path / "missing.gguf")], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "serve", str(tmp_path / "missing.gguf")], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "missing.gguf does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -183,7 +184,7 @@ def test_bundle_model_card(exported, ffn_down_file):
 def app(exported, tmp_path_factory) -> Path:
     """The bundle moved elsewhere, where the libraries must still find each other, and its example compiled."""
     moved = shutil.copytree(exported, tmp_path_factory.mktemp("app") / "moved", symlinks=True)
-    subprocess.run(bundle.EXAMPLE_CC, cwd=moved, check=True)
+    subprocess.run(model_card.EXAMPLE_CC, cwd=moved, check=True)
     return moved
 
 
@@ -206,7 +207,7 @@ def test_c_example_reports_a_bad_model(app, tmp_path):
 
 
 def verify_cli(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vq_export.cli", "verify", str(path)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "vq_gguf.cli", "verify", str(path)], cwd=REPO,
                           capture_output=True, text=True)
 
 

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from vq_export import gguf_writer, source
-from vq_export.quantize import PRESETS, quantize_model
+from tests import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+from vq_gguf import gguf_writer, source
+from vq_gguf.quantize import PRESETS, quantize_model
+
 KILLS = 10
 
 
 def quantize_cmd(src_path: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "vq_export.cli", "quantize", "--model", str(src_path), "--preset", "kmeans-2bit",
+    return [sys.executable, "-m", "vq_gguf.cli", "quantize", "--model", str(src_path), "--preset", "kmeans-2bit",
             "--out", str(out)]
 
 
@@ -38,7 +39,7 @@ def test_kill_and_resume_is_byte_identical(tiny_src, tmp_path):
     # jobs are forked from a server that has imported torch once, so a kill point is a point of the work, not of
     # the interpreter's start; SIGKILL gives the job no chance to clean up
     mp = multiprocessing.get_context("forkserver")
-    mp.set_forkserver_preload(["vq_export.quantize"])
+    mp.set_forkserver_preload(["vq_gguf.quantize"])
 
     def start(out: Path):
         started = mp.Event()

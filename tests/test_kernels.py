@@ -13,14 +13,14 @@ import subprocess
 
 import pytest
 
-from native.build import bin_dir
+from vq_gguf.native.build import bin_dir
 
 ISAS = ["vbmi", "avx512", "avx2", "scalar", "ref"]
 
 
 def harness():
     path = bin_dir() / "test-vq-matmul"
-    assert path.is_file(), f"{path} is missing: build with `python -m native.build`"
+    assert path.is_file(), f"{path} is missing: build with `python -m vq_gguf.native.build`"
     return path
 
 
@@ -56,7 +56,7 @@ def test_file_with_every_format_feature(feature_files, isa):
 
 def test_file_with_a_shared_side_tensor(tmp_path):
     """The tiny model's weights with every side tensor link one shared outlier codebook (format.md 4.1)."""
-    from tools import tiny_model
+    from tests import tiny_model
     out = run(["file", tiny_model.write(tmp_path / "tiny.gguf")], "vbmi")
     assert "7 tensors" in out and "0 failed" in out
 
@@ -76,7 +76,7 @@ def test_decode_writes_the_reference_weights_as_f16(feature_files, tmp_path):
     # tools/gpu_check.sh quantizes llama.cpp's types from this file to compare speeds on the GPU
     import numpy as np
     from gguf import GGUFReader
-    from vq_export.reference import dequantize
+    from vq_gguf.reference import dequantize
     vq_path, _, vq = feature_files
     out = tmp_path / "decoded.gguf"
     assert f"{len(vq)} VQ weights decoded to F16" in run(["decode", vq_path, out], "vbmi")
@@ -90,7 +90,7 @@ def test_decode_writes_the_reference_weights_as_f16(feature_files, tmp_path):
 
 def test_residual_adds_a_synthetic_residual_codebook(ffn_down_file, tmp_path):
     from gguf import GGUFReader
-    from vq_export import ggml_vq
+    from vq_gguf import ggml_vq
     out = tmp_path / "res16.gguf"
     assert "VQ weights with a synthetic residual codebook" in run(["residual", ffn_down_file, out, 16], "vbmi")
     tensors = {t.name: t for t in GGUFReader(out).tensors}

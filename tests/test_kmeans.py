@@ -1,6 +1,6 @@
 import torch
 
-from vq_export.kmeans import centroid_terms, draw, kmeans, nearest, nearest_in
+from vq_gguf.kmeans import centroid_terms, draw, kmeans, nearest, nearest_in
 
 
 def cost(X, C, w):
@@ -73,7 +73,7 @@ def test_draw_follows_the_weights_and_never_picks_a_zero():
 
 
 def test_nearest_and_nearest_in_against_brute_force_with_and_without_lane_weights(monkeypatch):
-    import vq_export.kmeans as km
+    import vq_gguf.kmeans as km
     monkeypatch.setattr(km, "CHUNK", 256 * 50)           # 50 rows a chunk: the lane weights must follow the rows
     g = torch.Generator().manual_seed(6)
     X, C = torch.randn(144, 4, generator=g), torch.randn(256, 4, generator=g)

@@ -4,7 +4,7 @@ Results do not depend on the thread count or on how the tokens are batched."""
 import numpy as np
 import pytest
 
-from runtime.llama import Model
+from vq_gguf.runtime.llama import Model
 
 
 def logits(path, tokens, *, threads=2, n_batch=512):
@@ -56,9 +56,9 @@ def test_threads_do_not_change_results(feature_files, tokens):
 
 def test_ffn_down_file_matches_its_decoding(ffn_down_file, src, tmp_path, tokens):
     from gguf import GGUFReader
-    from vq_export import gguf_writer
-    from vq_export.reference import dequantize
-    from vq_export.vqtensor import VQTensor
+    from vq_gguf import gguf_writer
+    from vq_gguf.reference import dequantize
+    from vq_gguf.vqtensor import VQTensor
     by_name = {t.name: t for t in GGUFReader(ffn_down_file).tensors}
     dec = {n: dequantize(VQTensor.from_gguf(n, by_name)) for n in by_name if n.endswith("ffn_down.weight")}
     dec_path = gguf_writer.write(tmp_path / "dec.gguf", src, override=dec, other_type="q8_0")

@@ -1,6 +1,6 @@
-"""The malformed-file corpus (tools/malformed.py) against the runtime and against the sanitizer build: each
+"""The malformed-file corpus (tests/malformed.py) against the runtime and against the sanitizer build: each
 file is refused with a message naming the tensor and the problem, or (valid but odd) loads and runs; the
-loader driver built with AddressSanitizer and UndefinedBehaviorSanitizer (`python -m native.build --sanitize`)
+loader driver built with AddressSanitizer and UndefinedBehaviorSanitizer (`python -m vq_gguf.native.build --sanitize`)
 must agree and report nothing."""
 import os
 import subprocess
@@ -8,10 +8,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from native.build import sanitize_bin_dir
-from runtime.llama import LlamaError, Model
-from tools import malformed
-from vq_export import cli
+from tests import malformed
+from vq_gguf import cli
+from vq_gguf.native.build import sanitize_bin_dir
+from vq_gguf.runtime.llama import LlamaError, Model
 
 CASES = malformed.corpus()
 # distinct exit statuses for sanitizer reports; leaks are reports too
@@ -23,7 +23,7 @@ SAN_ENV = {**os.environ, "ASAN_OPTIONS": "exitcode=86:detect_leaks=1:abort_on_er
 def vq_load():
     exe = sanitize_bin_dir() / "vq-load"
     if not exe.exists():
-        pytest.fail(f"{exe} is missing: run `python -m native.build --sanitize` (needs clang-14 and libclang-rt-14-dev)")
+        pytest.fail(f"{exe} is missing: run `python -m vq_gguf.native.build --sanitize` (needs clang-14 and libclang-rt-14-dev)")
     return exe
 
 
@@ -63,7 +63,7 @@ def test_malformed_file(case, tmp_path, vq_load, capsys):
 def test_vq_check_data_refuses_non_finite_values(field, dtype):
     """Tools that load without llama.cpp's data check (llama-cli, llama-perplexity) rely on ggml_vq_check_data."""
     from tests.native import c_check_data
-    from tools import tiny_model
+    from tests import tiny_model
     t = tiny_model.vq_tensors()[malformed.Q]
     arr = getattr(t, field).astype(dtype or getattr(t, field).dtype)
     setattr(t, field, arr)

@@ -1,11 +1,10 @@
 """The C reference decoder (ggml-vq.c) equals the numpy reference decoder, tensor by tensor."""
 import numpy as np
-import pytest
 from gguf import GGUFReader
 
 from tests.native import c_check_data, c_dequantize
-from vq_export.reference import dequantize
-from vq_export.vqtensor import VQTensor, read_vq
+from vq_gguf.reference import dequantize
+from vq_gguf.vqtensor import VQTensor, read_vq
 
 
 def vq_tensors(path):

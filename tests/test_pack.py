@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from vq_export import ggml_vq
-from vq_export.pack import pack_codes, unpack_codes
+from vq_gguf import ggml_vq
+from vq_gguf.pack import pack_codes, unpack_codes
 
 
 @pytest.mark.parametrize("b", list(range(1, 33)))

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.llama import Model
-from vq_export import quantize
-from vq_export.calib import DEFAULT_CALIB, calibration_tokens
-from vq_export.finetune import Teacher, VQWeight, finetune, kl_to_float
-from vq_export.quantize import Preset, quantize_model
-from vq_export.reference import dequantize
-from vq_export.vptq import VPTQConfig
+from vq_gguf import quantize
+from vq_gguf.calib import DEFAULT_CALIB, calibration_tokens
+from vq_gguf.finetune import Teacher, VQWeight, finetune, kl_to_float
+from vq_gguf.quantize import Preset, quantize_model
+from vq_gguf.reference import dequantize
+from vq_gguf.runtime.llama import Model
+from vq_gguf.vptq import VPTQConfig
 
 SMALL = Preset("test-vptq", "vptq", VPTQConfig(v=4, k=64, kmeans_iters=8, refit_rounds=1), n_calib=6, seq_len=128,
                n_heldout=2)
@@ -37,10 +37,10 @@ def test_vptq_beats_kmeans_on_held_out_error(src, tmp_path):
     vp = quantize_model(src, tmp_path / "vp.gguf", dataclasses.replace(SMALL, n_calib=16), only=["blk.0."], calib=[DEFAULT_CALIB])
     report = json.loads(vp.with_suffix(".report.json").read_text())["tensors"]
     from gguf import GGUFReader
-    from vq_export import hessian
-    from vq_export.model import Llama
-    from vq_export.vptq import proxy_loss
-    from vq_export.vqtensor import VQTensor
+    from vq_gguf import hessian
+    from vq_gguf.model import Llama
+    from vq_gguf.vptq import proxy_loss
+    from vq_gguf.vqtensor import VQTensor
     kmf = quantize_model(src, tmp_path / "km.gguf", km, only=["blk.0."])
     by = {t.name: t for t in GGUFReader(kmf).tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], 18, 128)
@@ -57,9 +57,9 @@ def test_shared_codebook_file(src, tmp_path):
     """--share ffn_down: one codebook tensor and a link per weight; llama.cpp reads it as it reads the same
     weights each with its own copy, and the bits counted from the file are the shared copy's bytes once."""
     from gguf import GGUFReader
-    from vq_export import ggml_vq, gguf_writer
-    from vq_export.bpw import count
-    from vq_export.vqtensor import read_vq
+    from vq_gguf import ggml_vq, gguf_writer
+    from vq_gguf.bpw import count
+    from vq_gguf.vqtensor import read_vq
     preset = dataclasses.replace(SMALL, name="test-shared", share=("ffn_down",))
     out = quantize_model(src, tmp_path / "shared.gguf", preset, only=["blk.0.ffn_down", "blk.1.ffn_down"], calib=[DEFAULT_CALIB])
     reader = GGUFReader(out)
@@ -87,7 +87,7 @@ def test_finetune_keeps_a_shared_codebook_shared(tiny_src):
     for n in downs:
         vq[n].codebook = vq[downs[0]].codebook.copy()
         vq[n].shared = {"vq_codebook": "vq_shared.ffn_down.0.vq_codebook"}
-    from vq_export.finetune import _student
+    from vq_gguf.finetune import _student
     _, weights = _student(tiny_src, vq)
     assert weights[downs[0]].C is weights[downs[1]].C                      # one parameter, trained once
     assert weights[downs[0]].C is not weights["blk.0.ffn_up.weight"].C
@@ -128,7 +128,7 @@ def test_vq_weight_module_decodes_like_the_reference(feature_files):
 
 
 def _tiny_vq(tiny_src):
-    from vq_export.quantize import quantize_linear
+    from vq_gguf.quantize import quantize_linear
     # one Lloyd pass: codebooks rough enough that fine-tuning has something to recover on the held-out windows
     return {n: quantize_linear(tiny_src.tensors[n], quantize.VQConfig(v=4, k=8, iters=1)) for n in tiny_src.linear_names()}
 
@@ -138,7 +138,7 @@ def _tokens(n, length=32):
 
 
 def test_teacher_states_rebuild_the_float_logits(tiny_src):
-    from vq_export.model import Llama
+    from vq_gguf.model import Llama
     tokens = _tokens(3)
     teacher = Teacher.run(tiny_src, tokens, n_heldout=1)
     model = Llama(tiny_src)
@@ -161,9 +161,9 @@ def test_finetune_lowers_kl_and_keeps_the_best_held_out_state(tiny_src):
 def test_finetune_trains_row_scales_into_the_file(tiny_src, tmp_path):
     """--row-scales adds a trained scale per output channel where the file had none; llama.cpp reads the file
     and gives the logits of the reference decoder."""
-    from vq_export import gguf_writer
-    from vq_export.finetune import finetune_file
-    from vq_export.source import load_quantized
+    from vq_gguf import gguf_writer
+    from vq_gguf.finetune import finetune_file
+    from vq_gguf.source import load_quantized
     vq = _tiny_vq(tiny_src)
     assert all(t.row_scale is None for t in vq.values())
     vq_file = gguf_writer.write(tmp_path / "tiny-vq.gguf", tiny_src, vq=vq, other_type="f32")
@@ -186,9 +186,9 @@ def test_finetune_trains_row_scales_into_the_file(tiny_src, tmp_path):
 def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, tmp_path, capsys):
     """An interrupted run resumes to the same file; a checkpoint kept elsewhere (say, made on a GPU machine)
     gives the same file again without training; a checkpoint of other inputs is refused."""
-    from vq_export import gguf_writer
-    from vq_export.finetune import finetune_file
-    from vq_export.source import load_quantized
+    from vq_gguf import gguf_writer
+    from vq_gguf.finetune import finetune_file
+    from vq_gguf.source import load_quantized
     vq_file = gguf_writer.write(tmp_path / "tiny-vq.gguf", tiny_src, vq=_tiny_vq(tiny_src), other_type="f32")
     teacher = Teacher.run(tiny_src, _tokens(6), n_heldout=2).save(tmp_path / "teacher.npz")
     kw = dict(steps=6, lr=3e-3, batch=2, device="cpu", eval_every=2)
@@ -196,7 +196,7 @@ def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, t
     assert not list(tmp_path.glob(".whole.gguf.parts-*"))        # the parts folder is gone once written
 
     ckpt = tmp_path / "moved" / "ft.pt"
-    import vq_export.finetune as ft
+    import vq_gguf.finetune as ft
     real = ft.F.kl_div
     calls = []
 
@@ -229,7 +229,7 @@ def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, t
 
 def test_quantize_with_finetune_steps_writes_the_tuned_norms(tiny_src, tmp_path):
     import dataclasses
-    from vq_export.source import load_quantized
+    from vq_gguf.source import load_quantized
     # one Lloyd pass (as _tiny_vq): codebooks rough enough that 8 steps gain on the held-out windows
     preset = dataclasses.replace(SMALL, config=VPTQConfig(v=4, k=16, kmeans_iters=1, refit_rounds=0), n_calib=4,
                                  seq_len=32, finetune_steps=8, finetune_lr=1e-3)

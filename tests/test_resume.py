@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from vq_export import quantize
-from vq_export.calib import DEFAULT_CALIB
-from vq_export.quantize import Preset, quantize_model
-from vq_export.vptq import VPTQConfig
+from vq_gguf import quantize
+from vq_gguf.calib import DEFAULT_CALIB
+from vq_gguf.quantize import Preset, quantize_model
+from vq_gguf.vptq import VPTQConfig
 
 TINY = Preset("test-resume", "vptq", VPTQConfig(v=4, k=16, kmeans_iters=2, refit_rounds=0), n_calib=4, seq_len=32,
               n_heldout=2)
@@ -114,7 +114,7 @@ def test_clean_removes_only_what_no_process_holds(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (held / "pid").write_text(str(holder.pid))
-        cmd = [sys.executable, "-m", "vq_export.cli", "clean", str(tmp_path)]
+        cmd = [sys.executable, "-m", "vq_gguf.cli", "clean", str(tmp_path)]
         dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, check=True).stdout
         assert f"would remove {left}" in dry and str(held) not in dry and left.exists()
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout

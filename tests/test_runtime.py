@@ -1,7 +1,7 @@
 """The cffi runtime: tokenization, chat template, deterministic sampling, KV reuse across turns."""
 import pytest
 
-from runtime.llama import Chat, LlamaError, Model, SamplerConfig
+from vq_gguf.runtime.llama import Chat, LlamaError, Model, SamplerConfig
 
 
 @pytest.fixture(scope="module")

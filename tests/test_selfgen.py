@@ -1,6 +1,6 @@
 """Calibration text the model writes itself: deterministic under a seed, as long as asked, read by --calib."""
-from vq_export.calib import calibration_tokens, read_texts
-from vq_export.selfgen import generate
+from vq_gguf.calib import calibration_tokens, read_texts
+from vq_gguf.selfgen import generate
 
 
 def test_selfgen_is_deterministic_and_long_enough(default_gguf, tmp_path):

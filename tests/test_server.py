@@ -1,4 +1,4 @@
-"""`vq-gguf serve` under bad clients: llama-server on the tiny VQ model (tools/tiny_model.py: 128-token context),
+"""`vq-gguf serve` under bad clients: llama-server on the tiny VQ model (tests/tiny_model.py: 128-token context),
 on loopback with an API key, fed malformed and hostile requests, many clients at once, clients that leave
 mid-stream and a slow one. After each round the server must still answer, and its memory must not grow from
 round to round. And the serve command refuses an address beyond loopback without a key.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from native.build import REPO
-from runtime.server import Server, check_bind, is_loopback
+from tests import REPO
+from tests import tiny_model
 from tests.test_integrations import free_port
-from tools import tiny_model
+from vq_gguf.runtime.server import Server, check_bind, is_loopback
 
 KEY = "test-key-5ba1"
 N_CTX = tiny_model.N_CTX
@@ -103,7 +103,7 @@ def test_check_bind():
                                            (["--port", "70000"], "port 70000")])
 def test_serve_refuses_before_starting(tmp_path, args, message):
     model = tiny_model.write(tmp_path / "tiny.gguf")
-    proc = subprocess.run([sys.executable, "-m", "vq_export.cli", "serve", str(model), *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "serve", str(model), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT,
                           env={k: v for k, v in os.environ.items() if k != "VQ_GGUF_API_KEY"})
     assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr

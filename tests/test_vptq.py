@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from vq_export.kmeans import nearest
-from vq_export.reference import dequantize
-from vq_export.vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
+from vq_gguf.kmeans import nearest
+from vq_gguf.reference import dequantize
+from vq_gguf.vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
 
 
 def layer(out_features=64, in_features=128, n_tokens=2048, seed=0):

@@ -1,7 +1,7 @@
 """Spend a bit budget where it hurts: per-tensor settings for `vq-gguf quantize` from measured sensitivity.
 
-    python -m tools.sensitivity FILE --kinds ffn_down --each --json sens.json
-    python -m tools.allocate FILE --sensitivity sens.json --budget 2.07 --ladder v=4,k=128 v=4,k=256 v=4,k=512 v=4,k=1024 v=2,k=64
+    python -m vq_gguf.tools.sensitivity FILE --kinds ffn_down --each --json sens.json
+    python -m vq_gguf.tools.allocate FILE --sensitivity sens.json --budget 2.07 --ladder v=4,k=128 v=4,k=256 v=4,k=512 v=4,k=1024 v=2,k=64
 
 Model: tensor i taken alone from FILE costs the model a KL of s_i (tools.sensitivity). Quantized on rung r of the
 ladder instead, it would cost s_i · e_i(r) / e_i(FILE), e being the tensor's held-out layer-output error
@@ -17,14 +17,15 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from native.build import home
-from tools.layer_proxy import FileWeights, float_hessians, held_out_error, tensor_bpw
-from vq_export import source
-from vq_export.cli import parse_config
-from vq_export.default_model import fetch
-from vq_export.quantize import PRESETS
-from vq_export.reference import dequantize
-from vq_export.vptq import VPTQ
+from vq_gguf import source
+from vq_gguf.cli import parse_config
+from vq_gguf.default_model import fetch
+from vq_gguf.names import parse_linear
+from vq_gguf.paths import home
+from vq_gguf.quantize import PRESETS
+from vq_gguf.reference import dequantize
+from vq_gguf.tools.layer_proxy import FileWeights, float_hessians, held_out_error, tensor_bpw
+from vq_gguf.vptq import VPTQ
 
 
 def greedy(kl: dict[str, list[float]], bits: dict[str, list[float]], weights: dict[str, int], budget: float) -> dict[str, int]:
@@ -53,8 +54,8 @@ def tensor_configs(rung: dict[str, int], ladder: list[str]) -> list[str]:
     """['ffn_down@1,11:v=4,k=512', ...]: one --tensor-config argument per kind and rung."""
     blocks = defaultdict(list)
     for name, r in rung.items():
-        _, block, kind = name.split(".")[:3]
-        blocks[kind, r].append(int(block))
+        block, kind = parse_linear(name if name.endswith(".weight") else name + ".weight")
+        blocks[kind, r].append(block)
     return [f"{kind}@{','.join(map(str, sorted(b)))}:{ladder[r]}" for (kind, r), b in sorted(blocks.items())]
 
 

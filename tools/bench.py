@@ -1,10 +1,10 @@
 """Generation and prompt speed of the VQ presets against llama.cpp's quants, in one run (docs/kernels.md).
 
-    python -m tools.bench                                  # make what is missing, measure, print the table
-    python -m tools.bench --vq 2bit=FILE --vq 3bit=FILE    # use existing VQ files
-    python -m tools.bench --threads 2 --reps 3 --rounds 2 --wait-idle 120 --json out.json --md out.md
-    python -m tools.bench --vq 2bit=FILE --synthetic 3bit 4bit   # residual presets by geometry (see --help)
-    python -m tools.bench --micro                          # kernel micro-benchmark, ns per weight per token
+    python -m vq_gguf.tools.bench                                  # make what is missing, measure, print the table
+    python -m vq_gguf.tools.bench --vq 2bit=FILE --vq 3bit=FILE    # use existing VQ files
+    python -m vq_gguf.tools.bench --threads 2 --reps 3 --rounds 2 --wait-idle 120 --json out.json --md out.md
+    python -m vq_gguf.tools.bench --vq 2bit=FILE --synthetic 3bit 4bit   # residual presets by geometry (see --help)
+    python -m vq_gguf.tools.bench --micro                          # kernel micro-benchmark, ns per weight per token
 
 Files (made once from the default model and cached in --workdir, default $VQ_GGUF_HOME/bench):
   float.gguf          the default model, every matrix F16 (vq_export's writer)
@@ -33,10 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from vq_export.atomic import replacing
-from vq_export.calib import DEFAULT_CALIB
+from vq_gguf.atomic import replacing
+from vq_gguf.calib import DEFAULT_CALIB
 
-REPO = Path(__file__).resolve().parent.parent
 CALIB = DEFAULT_CALIB / "austen-prideprejudice.txt"
 LLAMA_TYPES = ["F16", "Q4_K_M", "Q2_K", "IQ2_XXS"]
 PRESETS = ["2bit", "3bit", "4bit"]
@@ -47,14 +46,14 @@ def log(msg: str) -> None:
 
 
 def bin_dir() -> Path:
-    from native.build import bin_dir as b
+    from vq_gguf.native.build import bin_dir as b
     return b()
 
 
 def tool(name: str) -> Path:
     path = bin_dir() / name
     if not path.is_file():
-        raise SystemExit(f"{path} not found: build the patched llama.cpp first (python -m native.build)")
+        raise SystemExit(f"{path} not found: build the patched llama.cpp first (python -m vq_gguf.native.build)")
     return path
 
 
@@ -108,8 +107,8 @@ def wait_idle(limit_s: float, threshold: float = 0.15) -> float:
 def float_file(work: Path) -> Path:
     out = work / "float.gguf"
     if not out.exists():
-        from native.build import home
-        from vq_export import default_model, gguf_writer, source
+        from vq_gguf.paths import home
+        from vq_gguf import default_model, gguf_writer, source
         log("writing the default model as F16")
         gguf_writer.write(out, source.load(default_model.fetch(home())), other_type="f16")
     return out
@@ -145,7 +144,7 @@ def vq_file(work: Path, preset: str, given: dict[str, Path]) -> Path:
         return given[preset]
     out = work / f"vq-{preset}.gguf"
     if not out.exists():
-        run([sys.executable, "-m", "vq_export.cli", "quantize", "--preset", preset, "--other-type", "q8_0",
+        run([sys.executable, "-m", "vq_gguf.cli", "quantize", "--preset", preset, "--other-type", "q8_0",
              "--out", out], work / f"quantize-vq-{preset}.log")
     return out
 
@@ -160,9 +159,9 @@ def vq_residual_file(work: Path, vq_full: Path, k_res: int) -> Path:
         return out
     import numpy as np
     from gguf import GGUFReader
-    from native.build import home
-    from vq_export import default_model, gguf_writer, source
-    from vq_export.vqtensor import read_vq
+    from vq_gguf.paths import home
+    from vq_gguf import default_model, gguf_writer, source
+    from vq_gguf.vqtensor import read_vq
     log(f"writing {out.name}: {vq_full.name} with a synthetic residual codebook of {k_res}")
     rng = np.random.default_rng(0)
     vq = read_vq(GGUFReader(vq_full))
@@ -182,9 +181,9 @@ def vq_ffn_down_file(work: Path, vq_full: Path) -> Path:
     if out.exists() and out.stat().st_mtime >= vq_full.stat().st_mtime:
         return out
     from gguf import GGUFReader
-    from native.build import home
-    from vq_export import default_model, gguf_writer, source
-    from vq_export.vqtensor import read_vq
+    from vq_gguf.paths import home
+    from vq_gguf import default_model, gguf_writer, source
+    from vq_gguf.vqtensor import read_vq
     log(f"writing {out.name}: the ffn_down weights of {vq_full.name}, the rest Q8_0")
     vq = read_vq(GGUFReader(vq_full), lambda n: ".ffn_down." in n)
     gguf_writer.write(out, source.load(default_model.fetch(home())), vq=vq, other_type="q8_0")
@@ -194,7 +193,7 @@ def vq_ffn_down_file(work: Path, vq_full: Path) -> Path:
 def bytes_per_token(path: Path) -> tuple[int, dict[str, float]]:
     """Bytes of the weights one generated token reads, and the share of each tensor type in the linears."""
     from gguf import GGUFReader
-    from vq_export import ggml_vq  # noqa: F401  (registers the VQ type ids with the gguf package)
+    from vq_gguf import ggml_vq  # noqa: F401  (registers the VQ type ids with the gguf package)
     reader = GGUFReader(path)
     names = {t.name for t in reader.tensors}
     total, linear, types = 0, 0, {}
@@ -237,7 +236,7 @@ def micro(threads: int = 1, in_out: tuple[int, int] = (576, 1536), tokens=(1, 2,
              "| --- |" + " ---: |" * len(tokens)]
     for label, v, k1, k2 in MICRO_LAYOUTS:
         lines.append(f"| {label} | " + " | ".join(f"{one(v, k1, k2, n):.4f}" for n in tokens) + " |")
-    lines.append(f"| v4 k256, reference decoder + ggml_vec_dot_f32 (GGML_VQ_ISA=ref) | "
+    lines.append("| v4 k256, reference decoder + ggml_vec_dot_f32 (GGML_VQ_ISA=ref) | "
                  + " | ".join(f"{one(4, 256, 1, n, 'ref'):.4f}" if n <= 8 else "" for n in tokens) + " |")
     return "\n".join(lines)
 
@@ -277,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
         print(micro(1))
         return
 
-    from native.build import home
+    from vq_gguf.paths import home
     work = args.workdir or home() / "bench"
     work.mkdir(parents=True, exist_ok=True)
     given = {}

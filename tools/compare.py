@@ -29,13 +29,13 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from native.build import REPO, bin_dir, home, tree_dir
-from native.build import sha256 as content_hash
-from runtime.llama import thread_count
-from vq_export import bpw, ggml_vq, gguf_writer, source
-from vq_export.atomic import replacing
-from vq_export.calib import DEFAULT_CALIB, EVAL_TEXT, check_sources
-from vq_export.source import LINEAR_RE
+from vq_gguf import bpw, ggml_vq, gguf_writer, source
+from vq_gguf.atomic import replacing, sha256
+from vq_gguf.calib import DEFAULT_CALIB, EVAL_TEXT, check_sources
+from vq_gguf.names import is_linear, is_side
+from vq_gguf.native.build import bin_dir, tree_dir
+from vq_gguf.paths import checkout, home
+from vq_gguf.runtime.llama import thread_count
 
 from . import environment, llamacpp, report
 from .steps import Steps, digest, identity, write_json
@@ -90,7 +90,7 @@ def _labelled(text: str) -> tuple[str, str]:
 
 def model_name(model: str) -> str:
     if model == "default":
-        from vq_export.default_model import NAME
+        from vq_gguf.default_model import NAME
         return NAME
     path = Path(model)
     return path.name if path.is_dir() else path.name.removesuffix(".gguf")
@@ -103,7 +103,8 @@ def _slug(words: list[str]) -> str:
 def _shown(path: Path) -> str:
     """A path as the reproduction command shows it: relative to the checkout when it is beside it."""
     path = Path(path).resolve()
-    return os.path.relpath(path, REPO) if path.is_relative_to(REPO.parent) else str(path)
+    root = checkout()
+    return os.path.relpath(path, root) if root and path.is_relative_to(root.parent) else str(path)
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -147,8 +148,8 @@ def check_inputs(s: dict, model_path: Path) -> None:
     for path in [model_path, *(Path(p) for _, p in s["files"])]:
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist")
-    eval_hash = content_hash(Path(s["eval"]))
-    if any(content_hash(Path(c)) == eval_hash for c in s["calib"]):
+    eval_hash = sha256(Path(s["eval"]))
+    if any(sha256(Path(c)) == eval_hash for c in s["calib"]):
         raise ValueError(f"the evaluation text {s['eval']} is also a calibration text: the figures would not be honest")
     known = {t.upper() for t in llamacpp.quant_types()}
     unknown = [t for t in s["llama_types"] if t.upper() not in known]
@@ -183,7 +184,7 @@ def log_file(s: dict, step: str) -> Path:
 
 def is_selected(s: dict, name: str) -> bool:
     """A block linear that every file quantizes: all of them, or those --only names (as vq-gguf quantize reads it)."""
-    return bool(LINEAR_RE.match(name)) and (not s["only"] or any(o in name for o in s["only"]))
+    return is_linear(name) and (not s["only"] or any(o in name for o in s["only"]))
 
 
 # --- making the files ----------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ def make_float(s: dict, model_path: Path, out: Path) -> dict:
 
 def make_vq(s: dict, float_path: Path, preset: str, out: Path, log: Path) -> dict:
     """`vq-gguf quantize`, as a user runs it, with its own progress shown; it reuses an up-to-date file."""
-    cmd = [sys.executable, "-m", "vq_export.cli", "quantize", "--model", str(float_path), "--preset", preset,
+    cmd = [sys.executable, "-m", "vq_gguf.cli", "quantize", "--model", str(float_path), "--preset", preset,
            "--out", str(out), "--other-type", s["common_type"]]
     cmd += ["--only", *s["only"]] if s["only"] else []
     cmd += shlex.split(s["quantize_args"])
@@ -214,7 +215,7 @@ def given_file(float_path: Path, label: str, path: Path) -> tuple[str, dict]:
     shapes): its kind ("vq" if it holds VQ tensors) and what results.json says of its making."""
     def shapes(reader: GGUFReader) -> dict[str, tuple]:
         return {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors
-                if t.name.rsplit(".", 1)[-1] not in ggml_vq.SIDES}
+                if not is_side(t.name)}
     try:
         reader = GGUFReader(path)
     except (ValueError, OSError) as e:
@@ -250,7 +251,7 @@ def make_imatrix(s: dict, float_path: Path, out: Path, log: Path) -> dict:
 def make_llama(s: dict, float_path: Path, imatrix: Path, ftype: str, out: Path, log: Path) -> dict:
     type_file = None
     if s["only"]:
-        names = [t.name for t in GGUFReader(float_path).tensors if LINEAR_RE.match(t.name) and not is_selected(s, t.name)]
+        names = [t.name for t in GGUFReader(float_path).tensors if is_linear(t.name) and not is_selected(s, t.name)]
         type_file = out.with_name(out.stem + ".types.txt")
         type_file.write_text(llamacpp.pin_types(names, s["common_type"]))
     with replacing(out, ".gguf") as tmp:
@@ -351,7 +352,7 @@ def make_files(s: dict, model_path: Path, steps: Steps, results: dict) -> Path:
     if not s["llama_types"]:
         return float_path
     imatrix = out / "imatrix.gguf"
-    key = {"float": identity(float_path), "calib": [content_hash(Path(c)) for c in s["calib"]], "ctx": s["ctx"],
+    key = {"float": identity(float_path), "calib": [sha256(Path(c)) for c in s["calib"]], "ctx": s["ctx"],
            "chunks": s["imatrix_chunks"]}
     results["imatrix"] = steps.run("imatrix", "imatrix", key,
                                    lambda: make_imatrix(s, float_path, imatrix, log_file(s, "imatrix")), output=imatrix)
@@ -371,7 +372,7 @@ def measure(s: dict, float_path: Path, steps: Steps, results: dict) -> None:
     so that they share the machine's conditions)."""
     base = Path(s["out"]) / "float-logits.kld"
     build = identity(bin_dir())   # a rebuilt llama.cpp (new kernels) measures every file again
-    key = {"float": identity(float_path), "eval": content_hash(Path(s["eval"])), "ctx": s["ctx"], "chunks": s["chunks"]}
+    key = {"float": identity(float_path), "eval": sha256(Path(s["eval"])), "ctx": s["ctx"], "chunks": s["chunks"]}
     results["reference_logits"] = steps.run("float logits", "logits", key,
                                             lambda: reference_logits(s, float_path, base, log_file(s, "float logits")),
                                             output=base)
@@ -398,10 +399,10 @@ def _now() -> str:
 
 
 def run(args: argparse.Namespace) -> None:
-    from vq_export.cli import resolve_model
+    from vq_gguf.default_model import resolve
 
     s = settings(args)
-    model_path = resolve_model(args.model)
+    model_path = resolve(args.model)
     check_inputs(s, model_path)
     report_dir = Path(s["report_dir"])
     report_dir.mkdir(parents=True, exist_ok=True)

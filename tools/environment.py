@@ -8,12 +8,15 @@ import platform
 import subprocess
 from pathlib import Path
 
-from native.build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, REPO
+from vq_gguf.native.build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
+from vq_gguf.paths import checkout
 
 
 def _git(*args: str) -> str | None:
+    if checkout() is None:
+        return None
     try:
-        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["git", "-C", str(checkout()), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None

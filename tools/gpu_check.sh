@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the VQ CUDA kernels (docs/cuda.md), sized for 10 minutes on a fresh H200 machine without network.
 #
-#   tools/gpu_check.sh pack [VQ_FILE]   here, after `python -m native.build`: writes .gpu/ (ignored by git, at most
+#   tools/gpu_check.sh pack [VQ_FILE]   here, after `python -m vq_gguf.native.build`: writes .gpu/ (ignored by git, at most
 #                                       64 MiB with the repo): the patched llama.cpp tree without what the build
 #                                       does not need, the default model's 2-bit VQ file (default: the one `vq-gguf
 #                                       compare` made), a slice of the eval text; prints the file's CPU perplexity
@@ -36,9 +36,9 @@ pack() {
     local home=${VQ_GGUF_HOME:-$HOME/.cache/vq-gguf}
     local vq=${1:-$home/compare/SmolLM2-135M-Instruct/vq-2bit.gguf}
     local eval=vq_export/data/eval/wikitext-2-raw-test.txt
-    [ -f "$home/llama.cpp/.vq-stamp" ] || { echo "no patched tree in $home: run python -m native.build"; exit 1; }
+    [ -f "$home/llama.cpp/.vq-stamp" ] || { echo "no patched tree in $home: run python -m vq_gguf.native.build"; exit 1; }
     [ -f "$vq" ] || { echo "no VQ file $vq: vq-gguf compare (or give one)"; exit 1; }
-    python3 -c "from native import build; build.prepare_tree(build.fetch_sdist())"   # current patch and own files
+    python3 -c "from vq_gguf.native import build; build.prepare_tree(build.fetch_sdist())"   # current patch and own files
     mkdir -p $PAYLOAD   # ignored by .gitignore: it travels as `carry`
     tar -C "$home/llama.cpp" -cf - --exclude=./docs --exclude=./models --exclude=./media --exclude=./tests \
         --exclude=./benches --exclude=./examples --exclude=./tools/ui --exclude=./tools/server --exclude=./gguf-py \
@@ -54,12 +54,21 @@ pack() {
     echo "carry $PAYLOAD to the GPU machine and run: bash tools/gpu_check.sh run"
 }
 
+link_package() {  # vq_gguf importable without pip (the GPU machine reaches no index): a tree of links to the checkout,
+                  # laid out as the installed package is (pyproject.toml's package-dir)
+    local site=/tmp/vq-site
+    rm -rf $site && mkdir -p $site/vq_gguf
+    ln -s "$PWD"/vq_export/* $site/vq_gguf/ && ln -s "$PWD"/native "$PWD"/runtime "$PWD"/tools $site/vq_gguf/
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+}
+
 run() {
     local out=${OUT:-$PAYLOAD/out}   # the device tool returns at most 8 files from $OUT
     local work=/tmp/vq-gpu-check
     local logs=$work/logs
     rm -rf $logs && mkdir -p "$out" $logs
     export VQ_GGUF_HOME=$work
+    link_package
     local report=$out/gpu_check.md passed=0 failed=0
     exec > >(tee "$out/gpu_check.log") 2>&1
     check() { # check LOG CMD...: runs CMD with its output in LOG, counts and prints PASS or FAIL (with the log's end)
@@ -84,7 +93,7 @@ run() {
         defines+=(--define GGML_CUDA_NO_VMM:BOOL=ON)
     fi
     local t0=$SECONDS
-    python3 -m native.build --tree $work/llama.cpp --cuda --cuda-arch 90 --no-runtime -j "$(nproc)" "${defines[@]}" \
+    python3 -m vq_gguf.native.build --tree $work/llama.cpp --cuda --cuda-arch 90 --no-runtime -j "$(nproc)" "${defines[@]}" \
         > $logs/build.log 2>&1 || { tail -40 $logs/build.log; cp $logs/build.log "$out/"; echo "0 passed, 1 failed"; exit 1; }
     echo "built in $((SECONDS - t0)) s"
     local bin=$work/build/bin vq=$PAYLOAD/vq-2bit.gguf
@@ -221,10 +230,11 @@ finetune() {
     mkdir -p "$out"
     [ -f $PAYLOAD/vq-2bit.gguf ] || { echo "no $PAYLOAD/vq-2bit.gguf: call 1 (start) did not run on this machine"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-ft/gguf-*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    link_package
+    export PYTHONPATH=/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
     local pids=() lr steps
     while read -r lr steps; do
-        timeout "${FT_SECONDS:-360}" python3 -c "from vq_export.cli import main; main()" finetune $PAYLOAD/vq-2bit.gguf \
+        timeout "${FT_SECONDS:-360}" python3 -c "from vq_gguf.cli import main; main()" finetune $PAYLOAD/vq-2bit.gguf \
             --teacher .gpu-ft/teacher.npz --out /tmp/ft-$lr.gguf --steps "$steps" --lr "$lr" --batch "${FT_BATCH:-8}" \
             --eval-every 100 --checkpoint "$out/ft-$lr.pt" > "$out/ft-$lr.log" 2>&1 &
         pids+=($!)

@@ -1,8 +1,8 @@
 """Compare VPTQ settings on single real weights, in seconds instead of a whole-model run.
 
-    python -m tools.layer_proxy --tensors blk.3.ffn_down blk.5.attn_v --configs v=4,k=256 v=4,k=256,row_scale=1 v=2,k=64
+    python -m vq_gguf.tools.layer_proxy --tensors blk.3.ffn_down blk.5.attn_v --configs v=4,k=256 v=4,k=256,row_scale=1 v=2,k=64
 
-    python -m tools.layer_proxy --tensors blk.3.ffn_down --files iq2_xxs=llama-IQ2_XXS.gguf vq=model.vq.gguf
+    python -m vq_gguf.tools.layer_proxy --tensors blk.3.ffn_down --files iq2_xxs=llama-IQ2_XXS.gguf vq=model.vq.gguf
 
 For each tensor: the block's input Hessians from calibration windows pushed through the float model (the
 `--independent` way), then every config quantized with VPTQ and scored on held-out windows by the relative
@@ -20,15 +20,16 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
-from native.build import home
-from vq_export import bpw, ggml_vq, hessian, source
-from vq_export.calib import DEFAULT_CALIB, calibration_tokens
-from vq_export.cli import parse_config
-from vq_export.default_model import fetch
-from vq_export.model import Llama
-from vq_export.reference import dequantize
-from vq_export.vptq import VPTQ, proxy_loss
-from vq_export.vqtensor import VQTensor
+from vq_gguf import bpw, ggml_vq, hessian, source
+from vq_gguf.calib import DEFAULT_CALIB, calibration_tokens
+from vq_gguf.cli import parse_config
+from vq_gguf.default_model import fetch
+from vq_gguf.model import Llama
+from vq_gguf.names import parse_linear
+from vq_gguf.paths import home
+from vq_gguf.reference import dequantize
+from vq_gguf.vptq import VPTQ, proxy_loss
+from vq_gguf.vqtensor import VQTensor
 
 
 class FileWeights:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
 def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
     """(blk.N.KIND, W, H, H_heldout) of each named block linear, in block order: Hessians of its input from n_calib
     calibration windows pushed through the float model, and from n_heldout more for scoring."""
-    wanted = {(int(t.split(".")[1]), t.split(".")[2]) for t in tensors}
+    wanted = {parse_linear(t if t.endswith(".weight") else t + ".weight") for t in tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], n_calib + n_heldout, 512)
     model = Llama(src)
     x = model.embed(tokens)

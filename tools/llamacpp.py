@@ -17,7 +17,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from runtime.llama import lib_dir
+from vq_gguf.runtime.llama import lib_dir
 
 TAIL_LINES = 40
 NUM = r"([-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|-?inf))"  # %lf prints nan / inf for a ruined model

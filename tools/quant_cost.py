@@ -1,9 +1,9 @@
 """What quantizing costs: wall time and peak memory of `vq-gguf quantize`, per preset on the default model, and
 how both grow with model size (synthetic random llamas of growing width).
 
-    python -m tools.quant_cost                                   # presets 2bit 3bit 4bit, widths x1 x2
-    python -m tools.quant_cost --presets 2bit --widths 1 2 3 --json cost.json
-    python -m tools.quant_cost --widths 1 2 3 --keep cost     # keep the files (to measure their quality after)
+    python -m vq_gguf.tools.quant_cost                                   # presets 2bit 3bit 4bit, widths x1 x2
+    python -m vq_gguf.tools.quant_cost --presets 2bit --widths 1 2 3 --json cost.json
+    python -m vq_gguf.tools.quant_cost --widths 1 2 3 --keep cost     # keep the files (to measure their quality after)
 
 Every quantization runs in a fresh process (so its peak resident memory is its own) and the figures come from
 the report it writes (`seconds`: calibration, Hessians and quantization, not the writing of the file;
@@ -24,20 +24,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from native.build import home
+from vq_gguf.paths import home
 
 SMOL_WIDTH, SMOL_FFN, SMOL_HEADS, SMOL_KV = 576, 1536, 9, 3
 
 
 def quantize(model: str | Path, preset: str, out: Path, extra: list[str] = ()) -> dict:
     """One `vq-gguf quantize` in its own process; its report's cost figures and the block linears' weights."""
-    cmd = [sys.executable, "-m", "vq_export.cli", "quantize", "--model", str(model), "--preset", preset,
+    cmd = [sys.executable, "-m", "vq_gguf.cli", "quantize", "--model", str(model), "--preset", preset,
            "--out", str(out), *extra]
     load = os.getloadavg()[0]
     start = time.time()
     subprocess.run(cmd, check=True)
     report = json.loads(out.with_suffix(".report.json").read_text())
-    from vq_export import bpw
+    from vq_gguf import bpw
     bits = bpw.count(out)
     return {"preset": preset, "model": str(model), "seconds": report["seconds"], "wall_s": time.time() - start,
             "peak_rss_gib": report["peak_rss_gib"], "linear_params": sum(t.elements for t in bits.linears()),
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the quantized files in this folder (default: deleted)")
     args = ap.parse_args(argv)
 
-    from vq_export.default_model import fetch
+    from vq_gguf.default_model import fetch
     default = fetch(home())
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -1,12 +1,12 @@
 """Which tensors of a VQ file hurt the model most: the KL-divergence from the float model when only one kind of
 block linear (attn_q, ..., ffn_down) is taken from the file and every other weight stays float.
 
-    python -m tools.sensitivity FILE.vq.gguf [--kinds attn_k ffn_down] [--windows 4] [--each [--json OUT]]
+    python -m vq_gguf.tools.sensitivity FILE.vq.gguf [--kinds attn_k ffn_down] [--windows 4] [--each [--json OUT]]
 
 The source is the default model (or --model); KL is per token, on held-out calibration windows (the same draw
 `vq-gguf quantize` holds out). The kinds' KLs roughly add up to the whole file's: a guide for spending bits.
 With --each, every tensor of the kinds alone, most harmful first: which layers deserve more bits (--json keeps
-them for `python -m tools.allocate`).
+them for `python -m vq_gguf.tools.allocate`).
 """
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from native.build import home
-from vq_export import source
-from vq_export.calib import DEFAULT_CALIB, calibration_tokens
-from vq_export.default_model import fetch
-from vq_export.finetune import kl_to_float
-from vq_export.model import LINEARS
-from vq_export.vqtensor import read_vq
+from vq_gguf import source
+from vq_gguf.calib import DEFAULT_CALIB, calibration_tokens
+from vq_gguf.default_model import fetch
+from vq_gguf.finetune import kl_to_float
+from vq_gguf.names import LINEAR_KINDS
+from vq_gguf.paths import home
+from vq_gguf.vqtensor import read_vq
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file")
     ap.add_argument("--model", default=None, help="the float source of FILE (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--kinds", nargs="*", default=list(LINEARS))
+    ap.add_argument("--kinds", nargs="*", default=list(LINEAR_KINDS))
     ap.add_argument("--windows", type=int, default=4, help="held-out windows of 512 tokens")
     ap.add_argument("--each", action="store_true", help="one tensor at a time instead of one kind at a time")
     ap.add_argument("--json", default=None, help="with --each: write {tensor: KL per token} here")

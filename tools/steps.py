@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from vq_export.atomic import replacing
+from vq_gguf.atomic import replacing
 
 
 def identity(path: Path) -> dict[str, Any]:

@@ -51,13 +51,14 @@ def remove_stale(path: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def digest(path: str | os.PathLike) -> str:
-    """Content hash of a file: a saved result belongs to the bytes of its inputs, whatever their names."""
+def sha256(path: str | os.PathLike) -> str:
+    """Content hash of a file (hex): a saved result belongs to the bytes of its inputs, whatever their names; a
+    download is the pinned one."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
-    return h.hexdigest()[:16]
+    return h.hexdigest()
 
 
 def hold(folder: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from gguf import GGUFReader
 
 from . import ggml_vq
-from .source import LINEAR_RE
+from .names import is_linear
 
 
 @dataclass
@@ -33,7 +33,7 @@ class FileBits:
     tensors: list[TensorBits] = field(default_factory=list)
 
     def linears(self) -> list[TensorBits]:
-        return [t for t in self.tensors if LINEAR_RE.match(t.name)]
+        return [t for t in self.tensors if is_linear(t.name)]
 
     @staticmethod
     def _bpw(ts: list[TensorBits]) -> float:
@@ -81,3 +81,12 @@ def count(path: str | Path) -> FileBits:
         bits.tensors.append(TensorBits(name=t.name, type=type_name, shape=tuple(int(x) for x in t.shape),
                                        elements=int(t.n_elements), bytes=int(t.n_bytes) + side, side_bytes=side))
     return bits
+
+
+def describe(path: Path) -> str:
+    """What a file holds, in three lines: size and parameters, bits per weight of the block linears and of the file."""
+    bits = count(path)
+    types = ", ".join(f"{t} {share:.0%}" for t, share in bits.linear_types().items())
+    return (f"{path}\n  file size {bits.file_bytes / 2**20:.1f} MiB, {bits.params / 1e6:.1f}M parameters"
+            f"\n  block linears: {bits.linear_bpw:.3f} bits per weight (codebooks and side tensors included; {types})"
+            f"\n  whole file:    {bits.file_bpw:.3f} bits per weight")

@@ -21,17 +21,15 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from native.build import sha256
+from vq_gguf.atomic import sha256
+from vq_gguf.native.build import NATIVE
 
 from . import ggml_vq
 from .bpw import count
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
-EXAMPLE = Path(__file__).resolve().parent.parent / "native" / "example" / "generate.c"
-# how the example is compiled inside the bundle (the model card shows it; the tests run it)
-EXAMPLE_CC = ["cc", "-O2", "example/generate.c", "-Iinclude", "-Llib", "-lllama", "-lggml", "-lggml-base",
-              "-Wl,-rpath,$ORIGIN/lib", "-o", "generate"]
+EXAMPLE = NATIVE / "example" / "generate.c"
 METADATA_KEYS = ("general.name", "general.architecture", "general.size_label", "general.license",
                  ggml_vq.METHOD_KEY, ggml_vq.PRESET_KEY, ggml_vq.FORMAT_KEY)
 
@@ -106,8 +104,8 @@ def headers(tree: Path) -> list[Path]:
 
 
 def library_build() -> dict:
-    from native.build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, PATCH
-    from tools.environment import versions
+    from vq_gguf.native.build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, PATCH
+    from vq_gguf.tools.environment import versions
     v = versions()
     return {
         "llama.cpp commit": LLAMA_CPP_COMMIT,
@@ -136,7 +134,7 @@ def export(model: Path, out: Path, *, bundle: bool = False, archive: bool = Fals
     manifest = {"manifest_version": MANIFEST_VERSION, "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                 "model": {"file": model.name, "metadata": model_metadata(model), "bits": bits_summary(model)}}
     if bundle:
-        from native.build import bin_dir, tree_dir
+        from vq_gguf.native.build import bin_dir, tree_dir
         for soname, lib in shared_libraries(bin_dir()).items():
             _copy(lib, tmp / "lib" / soname)
             linker_name = soname.split(".so")[0] + ".so"  # what `cc -lNAME` looks for

@@ -57,7 +57,7 @@ def windows(tokens: list[int], n: int, length: int, seed: int) -> torch.Tensor:
 
 
 def calibration_tokens(model_gguf: Path, sources: list[str | Path], n: int, length: int, seed: int = 0) -> torch.Tensor:
-    from runtime.llama import Model
+    from vq_gguf.runtime.llama import Model
     with Model(model_gguf, vocab_only=True) as tok:
         tokens = tok.tokenize(read_texts(sources), add_special=False)
     return windows(tokens, n, length, seed)

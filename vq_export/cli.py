@@ -10,7 +10,7 @@
     vq-gguf chat FILE --prompt "..."   chat one prompt (or interactively without --prompt)
     vq-gguf serve FILE                 llama-server on FILE: an OpenAI-compatible API on 127.0.0.1:8080
     vq-gguf export FILE --out DIR      FILE with its model card and manifest (--bundle: + libraries, C example)
-    vq-gguf verify DIR                 check an exported folder against its manifest
+    vq-gguf verify DIR                 check an exported folder against its manifest, and load its model
     vq-gguf wheel                      a llama-cpp-python wheel of the patched llama.cpp
     vq-gguf demo                       build, quantize the default model, compare with llama.cpp, chat
 """
@@ -21,9 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-def home() -> Path:
-    from native.build import home as h
-    return h()
+from .bpw import describe
+from .paths import home
 
 
 def default_out(preset: str) -> Path:
@@ -31,22 +30,16 @@ def default_out(preset: str) -> Path:
     return home() / "out" / f"{NAME}.vq-{preset}.gguf"
 
 
-def resolve_model(model: str) -> Path:
-    if model == "default":
-        from .default_model import fetch
-        return fetch(home())
-    return Path(model)
-
-
 def load_source(model: str):
     """The float source of `model` ("default", a GGUF file or a Hugging Face directory), as a GGUF."""
     from . import source
-    from native.build import tree_dir
-    return source.load(resolve_model(model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+    from .default_model import resolve
+    from .native.build import tree_dir
+    return source.load(resolve(model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
 
 
 def cmd_build(args) -> None:
-    from native.build import build, build_sanitize
+    from vq_gguf.native.build import build, build_sanitize
     print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
 
 
@@ -90,7 +83,7 @@ def cmd_quantize(args) -> Path:
     out = Path(args.out) if args.out else default_out(preset.name)
     path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
                           calib=args.calib)
-    print_summary(path)
+    print(describe(path))
     return path
 
 
@@ -118,16 +111,7 @@ def cmd_finetune(args) -> None:
     path = finetune_file(Path(args.file), Path(args.teacher), out, steps=args.steps, lr=args.lr, batch=args.batch,
                          device=args.device or default_device(), checkpoint=args.checkpoint, seed=args.seed,
                          eval_every=args.eval_every, row_scales=args.row_scales)
-    print_summary(path)
-
-
-def print_summary(path: Path) -> None:
-    from .bpw import count
-    bits = count(path)
-    types = ", ".join(f"{t} {share:.0%}" for t, share in bits.linear_types().items())
-    print(f"{path}\n  file size {bits.file_bytes / 2**20:.1f} MiB, {bits.params / 1e6:.1f}M parameters"
-          f"\n  block linears: {bits.linear_bpw:.3f} bits per weight (codebooks and side tensors included; {types})"
-          f"\n  whole file:    {bits.file_bpw:.3f} bits per weight")
+    print(describe(path))
 
 
 NO_LOAD_HELP = "skip the patched llama.cpp's load checks (every tensor read, as llama.cpp does before running the file)"
@@ -136,13 +120,13 @@ NO_LOAD_HELP = "skip the patched llama.cpp's load checks (every tensor read, as 
 def check_loads(path: Path) -> None:
     """The patched llama.cpp's load checks (format.md §6, every tensor's data too): a file it refuses is refused
     by every command with the loader's own message."""
-    from runtime.llama import Model
+    from vq_gguf.runtime.llama import Model
     with Model(path, n_ctx=64):
         pass
 
 
 def cmd_inspect(args) -> None:
-    from runtime.llama import check_model_file
+    from vq_gguf.runtime.llama import check_model_file
     path = check_model_file(args.file)
     if not args.no_load:
         check_loads(path)
@@ -179,7 +163,7 @@ def _inspect(path: Path, only: str | None, decode: bool) -> None:
                 w = dequantize(q)
                 extra += f"  decoded: rms {float(np.sqrt((w ** 2).mean())):.4g}, max |w| {float(np.abs(w).max()):.4g}, finite {bool(np.isfinite(w).all())}"
         print(f"{t.name:34} {t.type:8} {str(t.shape):>14} {t.bpw:7.3f}  {extra}")
-    print_summary(path)
+    print(describe(path))
 
 
 def cmd_clean(args) -> None:
@@ -198,18 +182,18 @@ def cmd_clean(args) -> None:
 
 
 def cmd_chat(args) -> None:
-    from runtime.chat import run
-    from runtime.llama import SamplerConfig
+    from vq_gguf.runtime.chat import run
+    from vq_gguf.runtime.llama import SamplerConfig
     run(args.file, prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, n_ctx=args.ctx,
         threads=args.threads, verbose=args.verbose,
         sampler=SamplerConfig(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed))
 
 
 def cmd_serve(args) -> None:
-    from native.build import build
-    from runtime.server import run
-    from runtime.llama import check_model_file
-    from runtime.server import check_bind
+    from vq_gguf.native.build import build
+    from vq_gguf.runtime.server import run
+    from vq_gguf.runtime.llama import check_model_file
+    from vq_gguf.runtime.server import check_bind
     check_model_file(args.file)   # before the build of llama-server
     check_bind(args.host, args.port, args.api_key, args.public_without_key)
     build(server=True)  # a no-op when llama-server is built and up to date
@@ -219,11 +203,11 @@ def cmd_serve(args) -> None:
 
 def cmd_export(args) -> None:
     from .bundle import export
-    from runtime.llama import check_model_file
+    from vq_gguf.runtime.llama import check_model_file
     if not args.no_load:
         check_loads(check_model_file(args.file))
     if args.bundle:
-        from native.build import build
+        from vq_gguf.native.build import build
         build()
     out = Path(args.out) if args.out else Path(args.file).with_suffix("")
     print(export(Path(args.file), out, bundle=args.bundle, archive=args.archive,
@@ -241,12 +225,12 @@ def cmd_verify(args) -> None:
 
 
 def cmd_wheel(args) -> None:
-    from native.build import home
-    from native.wheel import build_wheel, check
+    from vq_gguf.paths import home
+    from vq_gguf.native.wheel import build_wheel, check
     wheel = build_wheel(Path(args.out) if args.out else home() / "wheels", python_only=args.python_only, jobs=args.jobs)
     print(wheel)
     if args.check:
-        from native.build import bin_dir
+        from vq_gguf.native.build import bin_dir
         answer = check(wheel, Path(args.check), [{"role": "user", "content": args.prompt}], max_tokens=32,
                        venv=home() / "wheel-check-venv", lib_path=bin_dir() if args.python_only else None)
         print(f"{args.check} through llama_cpp.Llama: {answer['content']!r}")
@@ -304,7 +288,7 @@ GEOMETRY_FLAGS = ("v", "k", "k_res")  # these replace the preset's per-tensor ov
 
 
 def add_quantize(p: argparse.ArgumentParser) -> None:
-    from .model import LINEARS
+    from .names import LINEAR_KINDS
     from .quantize import PRESETS
     p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
     for name, (typ, text) in CONFIG_FLAGS.items():
@@ -313,7 +297,7 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-config", nargs="+", default=None, metavar="KIND[@BLOCKS]:SETTINGS",
                    help="other settings for some tensors, e.g. ffn_down@0,-1:v=2,k=64 (blocks counted from the end "
                         "when negative; before the preset's own overrides)")
-    p.add_argument("--share", nargs="+", default=None, metavar="KIND", choices=LINEARS,
+    p.add_argument("--share", nargs="+", default=None, metavar="KIND", choices=LINEAR_KINDS,
                    help="one main codebook for all tensors of each KIND (and equal settings), stored once "
                         "(docs/format.md 4.1): a larger codebook at the same bits")
     p.add_argument("--channel-weights", choices=("none", "fisher"), default=None,
@@ -340,7 +324,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runtime.llama import thread_count
+    from vq_gguf.runtime.llama import thread_count
     ap = argparse.ArgumentParser(prog="vq-gguf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     ap.add_argument("--debug", action="store_true", help="show the Python traceback of an error, not just its message")
@@ -450,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=cmd_wheel)
 
-    from tools import compare
+    from vq_gguf.tools import compare
     p = sub.add_parser("compare", help="VQ presets against llama.cpp's k-quants and i-quants: table, plots, results.json")
     compare.add_arguments(p)
     p.set_defaults(func=compare.run)

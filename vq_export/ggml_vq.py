@@ -38,6 +38,14 @@ SIDES = (
 WEIGHT_SUFFIX = ".weight"
 
 
+def code_bits(k: int) -> int:
+    """Bits of a code into a codebook of k entries: k must be a power of two in [2, 65536] (format.md §4)."""
+    b = int(k).bit_length() - 1
+    if k < 2 or (1 << b) != k or b > 16:
+        raise ValueError(f"codebook size {k} is not a power of two in [2, 65536]")
+    return b
+
+
 def type_name(n: int) -> str:
     """ggml's name of the type with n/4 index bits per weight: vq2_00 for n = 8."""
     return f"vq{n // 4}_{25 * (n % 4):02d}"

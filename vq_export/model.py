@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .names import LINEAR_KINDS
 from .source import SourceModel
 
-LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass
@@ -88,7 +88,7 @@ class Llama:
         self.head = t.get("output.weight", self.tok_embd)
         self.blocks = []
         for i in range(self.hp.n_layer):
-            names = {n: f"blk.{i}.{n}.weight" for n in (*LINEARS, "attn_norm", "ffn_norm")}
+            names = {n: f"blk.{i}.{n}.weight" for n in (*LINEAR_KINDS, "attn_norm", "ffn_norm")}
             self.blocks.append(Block(self.hp, {n: t[full] for n, full in names.items() if full in t}))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,15 @@ from pathlib import Path
 
 from . import ggml_vq
 
+# how the bundle's C example is compiled inside it (the card shows it; the tests run it)
+EXAMPLE_CC = ["cc", "-O2", "example/generate.c", "-Iinclude", "-Llib", "-lllama", "-lggml", "-lggml-base",
+              "-Wl,-rpath,$ORIGIN/lib", "-o", "generate"]
+
 
 def find_results(model: Path, results: Path | None = None) -> dict | None:
     """The compare results holding a row for this file (same path and size): `results`, or any results.json
     under $VQ_GGUF_HOME/compare. Returns the results with only the float reference and this file's rows."""
-    from native.build import home
+    from vq_gguf.paths import home
     candidates = [Path(results)] if results else sorted((home() / "compare").glob("**/results.json"))
     model, size = Path(model).resolve(), Path(model).stat().st_size
     for path in candidates:
@@ -51,7 +55,7 @@ def render(manifest: dict, results: dict | None, *, bundle: bool) -> str:
         "",
     ]
     if results:
-        from tools import report
+        from vq_gguf.tools import report
         lines += [report.table(results), "", report.notes(results), "",
                   f"Measured by `{results['command']}` ({results['finished'] or 'unfinished'})."]
     else:
@@ -71,7 +75,6 @@ def render(manifest: dict, results: dict | None, *, bundle: bool) -> str:
               "[{\"role\": \"user\", \"content\": \"Hi\"}]))'",
               "```"]
     if bundle:
-        from .bundle import EXAMPLE_CC
         lib = manifest["library"]
         lines += ["", "## C API (this folder)", "",
                   f"`lib/` holds the patched shared libraries ({lib['platform']}; {lib['cpu flags']}), `include/` "

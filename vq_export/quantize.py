@@ -33,10 +33,11 @@ from gguf import GGML_QUANT_SIZES, GGUFReader
 from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
-from .atomic import digest, hold, is_held, replacing
+from .atomic import hold, is_held, replacing, sha256
 from .finetune import LR
 from .kmeans import kmeans, nearest
-from .model import LINEARS, Llama
+from .model import Llama
+from .names import LINEAR_KINDS, block_of, kind_of, linear, parse_linear
 from .reference import dequantize
 from .source import SourceModel
 from .vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
@@ -71,10 +72,10 @@ class Preset:
     def config_for(self, name: str, n_blocks: int):
         """The config of block linear `name` (blk.N.KIND.weight) in a model of n_blocks blocks. Override keys:
         KIND (every block) or KIND@B,B,... with block numbers counted from the end when negative."""
-        _, block, kind, _ = name.split(".")
+        block, kind = parse_linear(name)
         for key, cfg in self.overrides:
             k, _, blocks = key.partition("@")
-            if k == kind and (not blocks or int(block) in {int(b) % n_blocks for b in blocks.split(",")}):
+            if k == kind and (not blocks or block in {int(b) % n_blocks for b in blocks.split(",")}):
                 return cfg
         return self.config
 
@@ -223,7 +224,7 @@ class Run:
         when made under the same key."""
         from .calib import read_texts
         calib_text = read_texts(self.calib) if self.preset.method == "vptq" else ""
-        desc = {"source": digest(self.source.path), "preset": repr(self.preset), "seed": self.seed,
+        desc = {"source": sha256(self.source.path)[:16], "preset": repr(self.preset), "seed": self.seed,
                 "other_type": self.other_type, "names": self.names,
                 "calib": hashlib.sha256(calib_text.encode()).hexdigest()[:16],
                 "format": ggml_vq.FORMAT_VERSION, "code": _code_version()}
@@ -295,7 +296,7 @@ def estimate_bytes(run: Run) -> int:
 def hessian_bytes(run: Run) -> int:
     """The float Hessians that shared codebooks keep in the parts folder (F32)."""
     return sum(4 * run.source.tensors[n].shape[1] ** 2 for n in run.names
-               if run.preset.method == "vptq" and n.split(".")[2] in run.preset.share)
+               if run.preset.method == "vptq" and kind_of(n) in run.preset.share)
 
 
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
@@ -323,9 +324,9 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     float_x = x if not preset.sequential else None
     done, report = {}, {}
     bar = tqdm(total=len(run.names), desc=f"quantize {preset.name}", unit="tensor", dynamic_ncols=True)
-    last = max(int(n.split(".")[1]) for n in run.names)
+    last = max(block_of(n) for n in run.names)
     for i, blk in enumerate(model.blocks[: last + 1]):
-        todo = [n for n in LINEARS if f"blk.{i}.{n}.weight" in run.names]
+        todo = [n for n in LINEAR_KINDS if linear(i, n) in run.names]
         float_w = dict(blk.w)
         if any(not run.part(f"blk.{i}.{n}.weight").exists() for n in todo):   # a resumed run skips done blocks
             H, _ = hessian.collect(blk, x[:n_fit])
@@ -385,16 +386,16 @@ def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torc
     kind and config, fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
     groups: dict[tuple[str, VPTQConfig], list[str]] = {}
     for name in run.names:
-        kind = name.split(".")[2]
+        kind = kind_of(name)
         if kind in run.preset.share:
             groups.setdefault((kind, dataclasses.replace(run.preset.config_for(name, run.source.n_blocks), seed=run.seed)), []).append(name)
     hessian_of = {name: run.parts / f"H.{name}.npy" for names in groups.values() for name in names}
     if any(not (run.parts / f"shared.{kind}.{i}.npy").exists() for i, (kind, _) in enumerate(groups)) and \
             any(not h.exists() for h in hessian_of.values()):
-        last = max(int(n.split(".")[1]) for n in hessian_of)
+        last = max(block_of(n) for n in hessian_of)
         for i, blk in enumerate(tqdm(model.blocks[: last + 1], desc="float Hessians (shared codebooks)", unit="block")):
             H, _ = hessian.collect(blk, x)
-            for short in LINEARS:
+            for short in LINEAR_KINDS:
                 if f"blk.{i}.{short}.weight" in hessian_of:
                     with replacing(hessian_of[f"blk.{i}.{short}.weight"], ".npy") as tmp:
                         np.save(tmp, H[hessian.INPUT_OF[short]].numpy().astype(np.float32))

@@ -20,7 +20,7 @@ OPENINGS = ("The", "In", "A", "It", "When", "This", "There", "He", "She", "Accor
 
 def generate(model_gguf: Path, out: Path, tokens: int, seed: int = 0, sample_tokens: int = 1024) -> Path:
     """Write samples separated by blank lines to `out` until they hold `tokens` tokens."""
-    from runtime.llama import Model, SamplerConfig
+    from vq_gguf.runtime.llama import Model, SamplerConfig
     if tokens < 1 or sample_tokens < 1:
         raise ValueError(f"tokens ({tokens}) and sample_tokens ({sample_tokens}) must be positive")
     samples = []

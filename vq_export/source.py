@@ -8,7 +8,6 @@ Two inputs are accepted:
 """
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -20,12 +19,12 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from . import ggml_vq
+from .names import block_of, is_linear, is_side
 from .atomic import replacing
 
 # architectures whose block linears all go through llama.cpp's weight-matmul hook (build_lora_mm)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
 
-LINEAR_RE = re.compile(r"^blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 
 
 class SourceError(ValueError):
@@ -50,11 +49,11 @@ class SourceModel:
 
     def linear_names(self) -> list[str]:
         """The block linears, in file order: what the quantizer replaces."""
-        return [name for name in self.tensors if LINEAR_RE.match(name)]
+        return [name for name in self.tensors if is_linear(name)]
 
     @property
     def n_blocks(self) -> int:
-        return 1 + max((int(name.split(".")[1]) for name in self.linear_names()), default=-1)
+        return 1 + max((block_of(name) for name in self.linear_names()), default=-1)
 
 
 def read_metadata(reader: GGUFReader) -> list[KV]:
@@ -131,7 +130,7 @@ def _load(path: Path, vq_ok: bool) -> tuple[SourceModel, dict]:
             except (ValueError, KeyError) as e:
                 raise SourceError(f"{path}: {e}") from e
             tensors[t.name] = decode_vq(vq[t.name])
-        elif vq_ok and t.name.rsplit(".", 1)[-1] in ggml_vq.SIDES:
+        elif vq_ok and is_side(t.name):
             continue
         else:
             tensors[t.name] = _float_tensor(path, t)
@@ -143,7 +142,7 @@ def convert_hf(hf_dir: Path, llama_tree: Path, out: Path) -> Path:
     """Convert a Hugging Face model directory to an F32 GGUF with the pinned tree's converter."""
     script = llama_tree / "convert_hf_to_gguf.py"
     if not script.exists():
-        raise SourceError(f"{script} not found: build the patched llama.cpp first (python -m native.build)")
+        raise SourceError(f"{script} not found: build the patched llama.cpp first (python -m vq_gguf.native.build)")
     with replacing(out, ".gguf") as tmp:
         cmd = [sys.executable, str(script), str(hf_dir), "--outtype", "f32", "--outfile", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True)

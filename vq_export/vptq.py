@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import ggml_vq
 from .kmeans import TAIL_POINTS, centroid_terms, kmeans, nearest, nearest_in
 from .vqtensor import VQTensor
 
@@ -36,14 +37,7 @@ class VPTQConfig:
 
     @property
     def index_bits(self) -> int:
-        return _log2(self.k) + (_log2(self.k_res) if self.k_res else 0)
-
-
-def _log2(k: int) -> int:
-    b = int(k).bit_length() - 1
-    if k < 2 or (1 << b) != k or b > 16:
-        raise ValueError(f"codebook size {k} is not a power of two in [2, 65536]")
-    return b
+        return ggml_vq.code_bits(self.k) + (ggml_vq.code_bits(self.k_res) if self.k_res else 0)
 
 
 def f16(x: torch.Tensor) -> torch.Tensor:

@@ -34,11 +34,11 @@ class VQTensor:
 
     @property
     def b1(self) -> int:
-        return _log2(self.codebook.shape[1])
+        return ggml_vq.code_bits(self.codebook.shape[1])
 
     @property
     def b2(self) -> int:
-        return 0 if self.res_codebook is None else _log2(self.res_codebook.shape[1])
+        return 0 if self.res_codebook is None else ggml_vq.code_bits(self.res_codebook.shape[1])
 
     @property
     def rate_quarters(self) -> int:
@@ -109,8 +109,8 @@ class VQTensor:
         if res_codebook is not None and res_codebook.ndim == 2:
             res_codebook = res_codebook[None]
         v = codebook.shape[2]
-        b1 = _log2(codebook.shape[1])
-        b2 = 0 if res_codebook is None else _log2(res_codebook.shape[1])
+        b1 = ggml_vq.code_bits(codebook.shape[1])
+        b2 = 0 if res_codebook is None else ggml_vq.code_bits(res_codebook.shape[1])
         if 4 * (b1 + b2) != n * v or out_features % v:
             raise ValueError(f"{weight_name}: codebooks [{v}, 2^{b1}] (+2^{b2}) do not match type {ggml_vq.type_name(n)} "
                              f"and {out_features} output channels")
@@ -138,10 +138,3 @@ def read_vq(reader, select=lambda name: True) -> dict[str, VQTensor]:
     links = ggml_vq.links(reader.fields)
     return {t.name: VQTensor.from_gguf(t.name, by_name, links) for t in reader.tensors
             if ggml_vq.is_vq(t.tensor_type) and select(t.name)}
-
-
-def _log2(k: int) -> int:
-    b = int(k).bit_length() - 1
-    if k < 2 or (1 << b) != k or b > 16:
-        raise ValueError(f"codebook size {k} is not a power of two in [2, 65536]")
-    return b

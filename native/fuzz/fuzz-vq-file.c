@@ -4,7 +4,7 @@
 // ~100 MB and its interesting bytes are few: the header's counts, the keys' values, each tensor's type, dims and
 // offset, and the side tensors (codebooks, norms, permutations, outliers). So this harness reads the real file
 // once into a memfd, and an input is a short list of edits, each aimed at one field by a region map that
-// tools/fuzz.py writes with gguf-py (VQ_FUZZ_FILE=<file>, map at <file>.regions: one region per line,
+// tests/fuzz.py writes with gguf-py (VQ_FUZZ_FILE=<file>, map at <file>.regions: one region per line,
 // "offset length width": width 4 or 8 for an integer field, 4 or 2 for float or half data, 0 for bytes).
 // Each edit is written into the memfd, the file is loaded (the loader's checks, the VQ side tensors and their
 // data checks; no decode: a 135M-parameter forward pass under ASan takes seconds), and the original bytes are
@@ -86,7 +86,7 @@ int LLVMFuzzerInitialize(int * argc, char *** argv) {
     snprintf(map_path, sizeof(map_path), "%s.regions", path);
     FILE * m = fopen(map_path, "r");
     if (!m) {
-        fail("no region map (tools/fuzz.py writes it)", map_path);
+        fail("no region map (tests/fuzz.py writes it)", map_path);
     }
     size_t cap = 1024;
     g_regions = malloc(cap * sizeof(*g_regions));

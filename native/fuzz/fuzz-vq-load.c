@@ -1,6 +1,6 @@
 // libFuzzer harness: a VQ GGUF file from bytes, loaded through libllama (the GGUF parser, the model loader,
 // the VQ side tensors and their checks) and, when it loads, run on a few tokens through the VQ kernels.
-// Seeds: tools/fuzz.py writes a tiny valid VQ model (tools/tiny_model.py). docs/hardening.md.
+// Seeds: tests/fuzz.py writes a tiny valid VQ model (tests/tiny_model.py). docs/hardening.md.
 
 #define _GNU_SOURCE
 #include "vq-load-model.h"

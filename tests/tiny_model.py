@@ -1,6 +1,6 @@
 """A tiny valid VQ model (one llama block, 64 wide, 32 tokens, ~35 KB) in which every block linear is VQ
 and every format feature appears somewhere (a shared side tensor too): the base of the malformed-file corpus (tests/test_malformed.py)
-and the seed of the load fuzzer (tools/fuzz.py). Random but fixed weights: it is valid, not meaningful.
+and the seed of the load fuzzer (tests/fuzz.py). Random but fixed weights: it is valid, not meaningful.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from vq_export import gguf_writer
-from vq_export.source import KV, SourceModel
-from vq_export.vqtensor import VQTensor
+from vq_gguf import gguf_writer
+from vq_gguf.source import KV, SourceModel
+from vq_gguf.vqtensor import VQTensor
 
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_VOCAB, N_CTX = 64, 96, 4, 2, 32, 128
 

@@ -1,17 +1,18 @@
 """Run the libFuzzer harnesses of the sanitizer build and report executions, coverage and crashes.
 
-    python -m tools.fuzz --seconds 60                  # every harness, 60 s each (what CI runs, shorter)
-    python -m tools.fuzz --harness matmul --runs 1000000 --seconds 7200
-    nice python -m tools.fuzz --harness file --model my.vq.gguf --seconds 3600 --json fuzz.json
+    python -m tests.fuzz --seconds 60                  # every harness, 60 s each (what CI runs, shorter)
+    python -m tests.fuzz --harness matmul --runs 1000000 --seconds 7200
+    nice python -m tests.fuzz --harness file --model my.vq.gguf --seconds 3600 --json fuzz.json
 
-Harnesses (native/fuzz/, built by `python -m native.build --sanitize`): `matmul` (VQ layout validation, reference
+Harnesses (native/fuzz/, built by `python -m vq_gguf.native.build --sanitize`): `matmul` (VQ layout validation, reference
 decoder, every CPU MUL_MAT path), `load` (a small GGUF from bytes through libllama's loader and a decode) and
 `file` (edits aimed at the fields of a real-size VQ file, through the loader; the default model's file from
 `make demo` unless --model). Each keeps its corpus in $VQ_GGUF_HOME/fuzz/<harness>/corpus, so coverage
-accumulates over runs; `load` is seeded with the tiny valid model and the malformed-file corpus
-(tools/malformed.py). Inputs that crash, time out or trip a
-sanitizer are saved in $VQ_GGUF_HOME/fuzz/<harness>/crashes/ and listed; the exit status is 1 if there are any.
-Every crash found becomes a case of the malformed-file corpus once fixed. docs/hardening.md.
+accumulates over runs; an empty one starts from the minimized corpus of the long runs (tests/fuzz-corpus/,
+written by `--save-corpus`) and the harness's seeds (`load`: the tiny valid model and the malformed-file corpus
+of tests/malformed.py). Inputs that crash, time out or trip a sanitizer are saved in
+$VQ_GGUF_HOME/fuzz/<harness>/crashes/ and listed; the exit status is 1 if there are any. Every crash found
+becomes a case of the malformed-file corpus once fixed. docs/hardening.md.
 """
 from __future__ import annotations
 
@@ -21,15 +22,18 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from native.build import build_sanitize, home
+from vq_gguf.native.build import build_sanitize
+from vq_gguf.paths import home
 
 HARNESSES = {"matmul": "fuzz-vq-matmul", "load": "fuzz-vq-load", "file": "fuzz-vq-file"}
 MAX_LEN = {"matmul": 4096, "load": 65536, "file": 80}  # bytes; the tiny model is ~36 KB; file: 8 edits of 8 bytes + 16
+ARCHIVES = Path(__file__).resolve().parent / "fuzz-corpus"
 DEFAULT_FILE = "compare/SmolLM2-135M-Instruct/vq-4bit.gguf"  # under $VQ_GGUF_HOME: the default model's, made by `make demo`
 MANY = 12  # fields with more parts (the vocabulary's arrays): the first and last few only
 
@@ -48,18 +52,14 @@ class Result:
 
 
 def seed_load(corpus: Path) -> None:
-    """The tiny valid model and every file of the malformed corpus, once."""
-    if any(corpus.iterdir()):
-        return
-    from tools import malformed
+    """The tiny valid model and every file of the malformed corpus."""
+    from tests import malformed
     for i, case in enumerate(malformed.corpus()):
         case.make(corpus / f"seed-{i:03d}.gguf")
 
 
 def seed_matmul(corpus: Path) -> None:
     """A few valid configurations in the byte layout that fuzz-vq-matmul.c reads, so that runs start deep."""
-    if any(corpus.iterdir()):
-        return
     # v-1, K1 (2^(1+b%12)), K2, G-1, in/32-1, out/v-1, rate (0: from the codebooks), flags (perm 1, norm 4,
     # row scale 8), outliers (n_o + 8 (v0-1) + 32 (log2 K0 - 1)), malform (20: none), tokens, ne2, threads, isa, scale
     configs = [(3, 7, 0, 0, 1, 5, 0, 0x00, 0x00, 20, 0, 1, 0, 4, 8),   # v4 k256: the 2bit preset
@@ -78,7 +78,7 @@ def write_regions(model: Path) -> Path:
     "offset length width" lines (width: 8 or 4 for an integer, 4 or 2 for float or half data, 0 for bytes)."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader
-    from vq_export import ggml_vq
+    from vq_gguf import ggml_vq
     reader = GGUFReader(model)
     base = reader.data.ctypes.data
     regions = [(0, 4, 0)]  # the magic
@@ -87,8 +87,8 @@ def write_regions(model: Path) -> Path:
         scalar = part.size == 1 and part.dtype.kind in "iu" and part.dtype.itemsize in (4, 8)
         return part.ctypes.data - base, part.nbytes, part.dtype.itemsize if scalar else 0
 
-    for field in [*reader.fields.values(), *(t.field for t in reader.tensors)]:
-        parts = field.parts if len(field.parts) <= 2 * MANY else field.parts[:MANY] + field.parts[-MANY // 2:]
+    for f in [*reader.fields.values(), *(t.field for t in reader.tensors)]:
+        parts = f.parts if len(f.parts) <= 2 * MANY else f.parts[:MANY] + f.parts[-MANY // 2:]
         regions += [part_region(p) for p in parts if p.nbytes]
     for t in reader.tensors:
         offset = int(t.data_offset)
@@ -104,12 +104,50 @@ def write_regions(model: Path) -> Path:
 
 def seed_file(corpus: Path) -> None:
     """The file as it is, and one edit of each kind to the first fields, so that runs start with loads that pass."""
-    if any(corpus.iterdir()):
-        return
     (corpus / "seed-0").write_bytes(b"")
     for i, rec in enumerate([(1, 1, 0), (2, 1, 11), (3, 1, 12), (5, 0, 3), (40, 3, 7), (300, 2, 7)], start=1):
         region, op, arg = rec
         (corpus / f"seed-{i}").write_bytes(region.to_bytes(2, "little") + bytes([op, arg]) + (5).to_bytes(4, "little"))
+
+
+def seed_corpus(harness: str, corpus: Path) -> None:
+    """An empty corpus starts from the minimized corpus of the long runs (tests/fuzz-corpus/, when there is one)
+    and the harness's own seeds."""
+    if any(corpus.iterdir()):
+        return
+    archive = ARCHIVES / f"{harness}.tar.xz"
+    if archive.is_file():
+        with tarfile.open(archive) as tar:
+            tar.extractall(corpus, filter="data")
+    {"load": seed_load, "matmul": seed_matmul, "file": seed_file}[harness](corpus)
+
+
+def environment(harness: str, model: Path | None) -> dict[str, str]:
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+    if harness == "file":
+        model = Path(model or home() / DEFAULT_FILE)
+        if not model.is_file():
+            raise FileNotFoundError(f"{model} does not exist: give --model, or run `make demo`, which makes it")
+        write_regions(model)
+        env["VQ_FUZZ_FILE"] = str(model)
+    return env
+
+
+def save_corpus(harness: str, model: Path | None = None) -> Path:
+    """Minimize the harness's corpus (libFuzzer's -merge=1: the fewest inputs that keep its coverage) into
+    tests/fuzz-corpus/<harness>.tar.xz, the evidence of a long run and the start of the next ones."""
+    exe = build_sanitize() / HARNESSES[harness]
+    corpus = home() / "fuzz" / harness / "corpus"
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([str(exe), "-merge=1", f"-max_len={MAX_LEN[harness]}", tmp, str(corpus)], check=True,
+                       env=environment(harness, model), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ARCHIVES.mkdir(exist_ok=True)
+        out = ARCHIVES / f"{harness}.tar.xz"
+        with tarfile.open(out, "w:xz", preset=9) as tar:
+            for f in sorted(Path(tmp).iterdir()):
+                tar.add(f, arcname=f.name)
+        print(f"[fuzz] {harness}: {len(list(Path(tmp).iterdir()))} inputs keep the coverage of {corpus}: {out}")
+    return out
 
 
 def parse_output(text: str, r: Result) -> None:
@@ -131,14 +169,8 @@ def run(harness: str, seconds: float, runs: int | None = None, workdir: Path | N
     corpus, crashes = base / "corpus", base / "crashes"
     corpus.mkdir(parents=True, exist_ok=True)
     crashes.mkdir(parents=True, exist_ok=True)
-    {"load": seed_load, "matmul": seed_matmul, "file": seed_file}[harness](corpus)
-    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
-    if harness == "file":
-        model = Path(model or home() / DEFAULT_FILE)
-        if not model.is_file():
-            raise FileNotFoundError(f"{model} does not exist: give --model, or run `make demo`, which makes it")
-        write_regions(model)
-        env["VQ_FUZZ_FILE"] = str(model)
+    seed_corpus(harness, corpus)
+    env = environment(harness, model)
     before = set(crashes.iterdir())
     cmd = [str(exe), str(corpus), f"-max_total_time={int(seconds)}", f"-max_len={MAX_LEN[harness]}",
            "-print_final_stats=1", "-timeout=60", "-rss_limit_mb=4096", f"-artifact_prefix={crashes}/", f"-seed={seed}"]
@@ -167,7 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None, help="stop after this many executions")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--model", type=Path, default=None, help=f"the VQ file of the file harness (default: $VQ_GGUF_HOME/{DEFAULT_FILE})")
+    ap.add_argument("--save-corpus", action="store_true", help="only minimize each corpus into tests/fuzz-corpus/")
     args = ap.parse_args(argv)
+    if args.save_corpus:
+        for h in (HARNESSES if args.harness == "all" else [args.harness]):
+            save_corpus(h, args.model)
+        return 0
     results = []
     for h in (HARNESSES if args.harness == "all" else [args.harness]):
         r = run(h, args.seconds, args.runs, log=home() / "fuzz" / f"{h}.log", model=args.model)

@@ -1,6 +1,6 @@
-"""The malformed-file corpus: variants of the tiny valid VQ model (tools/tiny_model.py), each with what loading
+"""The malformed-file corpus: variants of the tiny valid VQ model (tests/tiny_model.py), each with what loading
 it must give: refused with a message holding given words (the tensor and the problem), or loaded and run
-(valid but odd). Used by tests/test_malformed.py, and written out as seeds of the load fuzzer by tools/fuzz.py.
+(valid but odd). Used by tests/test_malformed.py, and written out as seeds of the load fuzzer by tests/fuzz.py.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Callable
 import numpy as np
 from gguf import GGUFReader
 
-from tools import tiny_model
-from vq_export import ggml_vq
-from vq_export.vqtensor import VQTensor
+from tests import tiny_model
+from vq_gguf import ggml_vq
+from vq_gguf.vqtensor import VQTensor
 
 Q = "blk.0.attn_q.weight"       # v4, K1 16 + K2 16, 2 groups, every side tensor
 K = "blk.0.attn_k.weight"       # v2, K1 8, 3-bit codes
@@ -201,6 +201,8 @@ def corpus() -> list[Case]:
             "<f", d, lay.kv["llama.attention.layer_norm_rms_epsilon"] + 8 + len("llama.attention.layer_norm_rms_epsilon") + 4, e)),
             ("rms norm",)) for e in (-1.0, float("nan"), float("inf"))],
         Case("unsupported architecture", lambda p: tiny_model.write(p, arch="nosucharch"), ("unknown model architecture", "nosucharch")),
+        # found by the load fuzzer: the loader threw before it owned the GGUF's tensor context (a leak; patched)
+        Case("architecture of type uint32", raw(_architecture_as_uint32), ("general.architecture", "wrong type")),
         # found by the load fuzzer: an upstream assert and an out-of-enum file type (both patched)
         Case("duplicate token strings", raw(lambda lay, d: d.replace("\u2581b".encode(), "\u2581a".encode(), 1)), ("duplicate token",)),
         *[Case(f"general.file_type {t}", raw(pack("<I", lambda lay: lay.kv["general.file_type"] + 8 + len("general.file_type") + 4, t)), None)
@@ -340,3 +342,20 @@ def _codebook_of_k_linked_by_g(path: Path) -> None:
     vq[G] = Edited(vq[G], edit=lambda ts: [x for x in ts if not x[0].endswith(".vq_codebook")],
                    links={link(G, "vq_codebook"): "vq_shared.k.vq_codebook"})
     tiny_model.write(path, vq)
+
+
+def _architecture_as_uint32(lay: Layout, d: bytearray) -> bytearray:
+    """general.architecture holding a uint32 instead of a string; general.name grows by the bytes that frees,
+    so that the header keeps its length and the tensor data its offsets."""
+    def value_at(key: str) -> int:
+        return lay.kv[key] + 8 + len(key) + 4
+    arch, name = value_at("general.architecture"), value_at("general.name")
+    arch_len = struct.unpack_from("<Q", d, arch)[0]
+    freed = 8 + arch_len - 4
+    name_len = struct.unpack_from("<Q", d, name)[0]
+    edits = sorted([(arch - 4, 4 + 8 + arch_len, struct.pack("<iI", 4, 0)),
+                    (name, 8 + name_len, struct.pack("<Q", name_len + freed) + d[name + 8:name + 8 + name_len] + b"x" * freed)],
+                   reverse=True)
+    for at, old_len, new in edits:   # the later one first: the earlier offsets stay right
+        d[at:at + old_len] = new
+    return d
