@@ -176,6 +176,8 @@ def run(harness: str, seconds: float, runs: int | None = None, workdir: Path | N
            "-print_final_stats=1", "-timeout=60", "-rss_limit_mb=4096", f"-artifact_prefix={crashes}/", f"-seed={seed}"]
     if runs is not None:  # 0: run the corpus once, no mutations
         cmd.append(f"-runs={runs}")
+    if harness == "file":  # edit lists of any length from the start (libFuzzer grows its length limit slowly)
+        cmd.append("-len_control=0")
     t0 = time.time()
     with tempfile.TemporaryFile("w+") as out:
         p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
