@@ -54,7 +54,7 @@ def tensor_configs(rung: dict[str, int], ladder: list[str]) -> list[str]:
     """['ffn_down@1,11:v=4,k=512', ...]: one --tensor-config argument per kind and rung."""
     blocks = defaultdict(list)
     for name, r in rung.items():
-        block, kind = parse_linear(name if name.endswith(".weight") else name + ".weight")
+        block, kind = parse_linear(name)
         blocks[kind, r].append(block)
     return [f"{kind}@{','.join(map(str, sorted(b)))}:{ladder[r]}" for (kind, r), b in sorted(blocks.items())]
 

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
 def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
     """(blk.N.KIND, W, H, H_heldout) of each named block linear, in block order: Hessians of its input from n_calib
     calibration windows pushed through the float model, and from n_heldout more for scoring."""
-    wanted = {parse_linear(t if t.endswith(".weight") else t + ".weight") for t in tensors}
+    wanted = {parse_linear(t) for t in tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], n_calib + n_heldout, 512)
     model = Llama(src)
     x = model.embed(tokens)

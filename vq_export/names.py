@@ -20,8 +20,9 @@ def is_linear(name: str) -> bool:
 
 
 def parse_linear(name: str) -> tuple[int, str]:
-    """(block, kind) of a block linear's name; ValueError for any other name."""
-    m = LINEAR_RE.match(name)
+    """(block, kind) of a block linear's name, with or without its ".weight" (blk.3.ffn_down, as the tools take
+    it on the command line); ValueError for any other name."""
+    m = LINEAR_RE.match(name if name.endswith(".weight") else name + ".weight")
     if m is None:
         raise ValueError(f"{name!r} is not a block linear (blk.N.KIND.weight, KIND one of {', '.join(LINEAR_KINDS)})")
     return int(m[1]), m[2]
