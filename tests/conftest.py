@@ -5,6 +5,7 @@ not skip, when it is missing.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 
 from vq_gguf import default_model, gguf_writer, source
 from vq_gguf.calib import DATA_DIR, EVAL_TEXT
+from vq_gguf.config import VQConfig
 from vq_gguf.paths import home
-from vq_gguf.quantize import VQConfig, quantize_linear
+from vq_gguf.quantize import quantize_linear
 from vq_gguf.reference import dequantize
 from vq_gguf.vqtensor import VQTensor
 
@@ -43,7 +45,7 @@ def quantize_with_all_sides(W: np.ndarray, cfg: VQConfig, groups: int, rng: np.r
     scale = rng.uniform(0.5, 1.5, in_features).astype(np.float32)
     bias = rng.normal(0, 0.002, in_features).astype(np.float32)
     u = rng.uniform(0.8, 1.2, out_features).astype(np.float16)
-    t = quantize_linear((W[:, perm] / u[:, None] - bias) / scale, cfg, seed=3)
+    t = quantize_linear((W[:, perm] / u[:, None] - bias) / scale, dataclasses.replace(cfg, seed=3))
     t.perm, t.col_norm, t.row_scale = perm, np.stack([scale, bias]), u
     n_o, v0, k0 = 3, 4, 16
     t.outlier_cols = rng.choice(in_features, n_o, replace=False).astype(np.int32)
@@ -55,14 +57,14 @@ def quantize_with_all_sides(W: np.ndarray, cfg: VQConfig, groups: int, rng: np.r
 # (tensor, config, with every side tensor, column groups): odd code widths that straddle bytes (b = 3, 12,
 # 18), residual codebooks, every vector length the default model's shapes allow, and the rates 0.75 .. 3
 FEATURE_TENSORS = {
-    "blk.0.ffn_down.weight": (VQConfig(v=4, k=256, k_res=16, iters=4), True, 2),
-    "blk.0.attn_q.weight": (VQConfig(v=8, k=4096, iters=2), False, 1),
-    "blk.0.attn_k.weight": (VQConfig(v=4, k=8, k_res=512, iters=4), True, 1),
-    "blk.1.ffn_up.weight": (VQConfig(v=12, k=512, k_res=512, iters=2), False, 1),
-    "blk.1.attn_v.weight": (VQConfig(v=6, k=256, k_res=16, iters=4), True, 3),
-    "blk.2.ffn_gate.weight": (VQConfig(v=2, k=64, iters=4), False, 1),
-    "blk.2.attn_k.weight": (VQConfig(v=4, k=8, iters=4), False, 1),
-    "blk.2.ffn_up.weight": (VQConfig(v=2, k=1024, iters=2), False, 1),  # 5 bits per weight
+    "blk.0.ffn_down.weight": (VQConfig(v=4, k=256, k_res=16, kmeans_iters=4), True, 2),
+    "blk.0.attn_q.weight": (VQConfig(v=8, k=4096, kmeans_iters=2), False, 1),
+    "blk.0.attn_k.weight": (VQConfig(v=4, k=8, k_res=512, kmeans_iters=4), True, 1),
+    "blk.1.ffn_up.weight": (VQConfig(v=12, k=512, k_res=512, kmeans_iters=2), False, 1),
+    "blk.1.attn_v.weight": (VQConfig(v=6, k=256, k_res=16, kmeans_iters=4), True, 3),
+    "blk.2.ffn_gate.weight": (VQConfig(v=2, k=64, kmeans_iters=4), False, 1),
+    "blk.2.attn_k.weight": (VQConfig(v=4, k=8, kmeans_iters=4), False, 1),
+    "blk.2.ffn_up.weight": (VQConfig(v=2, k=1024, kmeans_iters=2), False, 1),  # 5 bits per weight
 }
 
 
@@ -82,7 +84,7 @@ def feature_files(src, tmp_path_factory) -> tuple[Path, Path, dict[str, VQTensor
     vq = {}
     for name, (cfg, sides, groups) in FEATURE_TENSORS.items():
         W = src.tensors[name]
-        vq[name] = quantize_with_all_sides(W, cfg, groups, rng) if sides else split_groups(quantize_linear(W, cfg, seed=3), groups, rng)
+        vq[name] = quantize_with_all_sides(W, cfg, groups, rng) if sides else split_groups(quantize_linear(W, dataclasses.replace(cfg, seed=3)), groups, rng)
     folder = tmp_path_factory.mktemp("features")
     vq_path = gguf_writer.write(folder / "features.vq.gguf", src, vq=vq, other_type="q8_0")
     dec_path = gguf_writer.write(folder / "features.decoded.gguf", src,
@@ -95,7 +97,7 @@ def ffn_down_file(src, tmp_path_factory) -> Path:
     """The default model with every ffn_down at ~2 bits (k-means v4 k256), the rest Q8_0."""
     from vq_gguf.quantize import quantize_model
     out = tmp_path_factory.mktemp("ffn_down") / "ffn_down.vq.gguf"
-    return quantize_model(src, out, VQConfig(v=4, k=256, iters=8), only=["ffn_down"])
+    return quantize_model(src, out, VQConfig(v=4, k=256, kmeans_iters=8), only=["ffn_down"])
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from gguf import GGUFReader
 
 from tests import tiny_model
 from vq_gguf import ggml_vq
-from vq_gguf.vqtensor import VQTensor
+from vq_gguf.vqtensor import Shared, VQTensor
 
 Q = "blk.0.attn_q.weight"       # v4, K1 16 + K2 16, 2 groups, every side tensor
 K = "blk.0.attn_k.weight"       # v2, K1 8, 3-bit codes
@@ -302,10 +302,8 @@ def corpus() -> list[Case]:
         Case("unknown side tensor", tiny(Q, edit=lambda ts: ts + [(side(Q, "vq_scales"), np.zeros(4, np.float32), None)]),
              (side(Q, "vq_scales"), "side tensor")),
         # shared side tensors (format.md 4.1); the valid file shares one outlier codebook between attn_output and ffn_up
-        Case("main codebook under a shared name", tiny(K, shared={"vq_codebook": "vq_shared.k.vq_codebook"}), None),
-        Case("shared outlier codebook linked by a third weight", tiny(G, outlier_cols=np.array([1], np.int32),
-             outlier_idx=np.zeros((1, 96 // 2), np.int16), outlier_codebook=lambda t: tiny_model.vq_tensors()[O].outlier_codebook,
-             shared={"vq_outlier_codebook": tiny_model.SHARED_OUTLIERS}), None),
+        Case("main codebook under a shared name", tiny(K, shared=lambda t: t.link(Shared("vq_shared.k.vq_codebook", t.codebook)).shared), None),
+        Case("shared outlier codebook linked by a third weight", _outliers_of_o_linked_by_g, None),
         Case("link to a missing shared tensor", tiny(O, links={link(O, "vq_outlier_codebook"): "vq_shared.none.vq_outlier_codebook"}),
              (O, "vq_shared.none.vq_outlier_codebook", "lacks")),
         Case("own side tensor and a link", tiny(O, edit=lambda ts: ts + [(side(O, "vq_outlier_codebook"), ts[-1][1], None)]),
@@ -336,9 +334,17 @@ def _vq_on_token_embd(path: Path) -> None:
     tiny_model.write(path, vq)
 
 
+def _outliers_of_o_linked_by_g(path: Path) -> None:
+    vq = tiny_model.vq_tensors()
+    g, shared = vq[G], vq[O].shared["vq_outlier_codebook"]
+    g.outlier_cols, g.outlier_idx, g.outlier_codebook = np.array([1], np.int32), np.zeros((1, 96 // 2), np.int16), shared.data
+    g.link(shared)
+    tiny_model.write(path, vq)
+
+
 def _codebook_of_k_linked_by_g(path: Path) -> None:
     vq = tiny_model.vq_tensors()
-    vq[K].shared = {"vq_codebook": "vq_shared.k.vq_codebook"}
+    vq[K].link(Shared("vq_shared.k.vq_codebook", vq[K].codebook))
     vq[G] = Edited(vq[G], edit=lambda ts: [x for x in ts if not x[0].endswith(".vq_codebook")],
                    links={link(G, "vq_codebook"): "vq_shared.k.vq_codebook"})
     tiny_model.write(path, vq)

@@ -40,7 +40,7 @@ def test_tensor_configs_are_what_quantize_applies():
     import dataclasses
 
     from vq_gguf.cli import parse_tensor_config
-    from vq_gguf.quantize import PRESETS
+    from vq_gguf.presets import PRESETS
     preset = PRESETS["2bit"]
     rung = {f"blk.{b}.ffn_down": r for b, r in [(0, 2), (1, 0), (2, 1), (29, 2)]}
     args = tensor_configs(rung, ["v=4,k=128", "v=4,k=256", "v=2,k=64"])

@@ -1,5 +1,6 @@
 """Bits per weight counted from the file; the CLI; interrupted quantization resumes to the same file;
 llama.cpp's own tools accept VQ files."""
+import dataclasses
 import subprocess
 import sys
 
@@ -7,7 +8,9 @@ import numpy as np
 import pytest
 
 from vq_gguf import bpw, quantize
-from vq_gguf.quantize import VQConfig, quantize_model
+from vq_gguf.config import VQConfig
+from vq_gguf.presets import PRESETS, Preset
+from vq_gguf.quantize import quantize_model
 from vq_gguf.runtime.llama import lib_dir as bin_dir
 
 
@@ -39,7 +42,7 @@ def test_inspect_cli(ffn_down_file):
 
 
 def test_interrupted_quantization_resumes_to_the_same_file(src, tmp_path, monkeypatch):
-    cfg = VQConfig(v=4, k=16, iters=3)
+    cfg = VQConfig(v=4, k=16, kmeans_iters=3)
     whole = quantize_model(src, tmp_path / "whole.gguf", cfg, only=["attn_k"])
     real, calls = quantize.quantize_linear, []
 
@@ -82,9 +85,8 @@ def test_llama_quantize_passes_vq_tensors_through(ffn_down_file, tmp_path):
 
 def test_preset_overrides_select_kinds_and_blocks():
     from vq_gguf.cli import parse_tensor_config
-    from vq_gguf.quantize import PRESETS
     base = PRESETS["2bit"]
-    preset = quantize.Preset("t", "vptq", base.config, overrides=(
+    preset = Preset("t", "vptq", base.config, overrides=(
         parse_tensor_config("ffn_down@0,-1:v=2,k=64", base.config), parse_tensor_config("attn_v:k=16", base.config)))
     cfg = {n: preset.config_for(n, 30) for n in
            ("blk.0.ffn_down.weight", "blk.29.ffn_down.weight", "blk.10.ffn_down.weight", "blk.1.ffn_down.weight",
@@ -101,13 +103,41 @@ def test_preset_overrides_select_kinds_and_blocks():
         parse_tensor_config("ffn_down:bits=3", base.config)
 
 
+def test_selectors_pick_blocks_by_position_at_any_depth():
+    from vq_gguf.presets import check_selector, selects
+
+    def picked(key, n):
+        return [b for b in range(n) if selects(key, "ffn_down", b, n)]
+    assert picked("ffn_down@first,last", 30) == [0, 29] and picked("ffn_down@first,last", 1) == [0]
+    assert picked("ffn_down@0-33%", 30) == list(range(10)) and picked("ffn_down@0-33%", 80) == list(range(26))
+    assert picked("ffn_down@0-10%", 30) == [0, 1, 2] and picked("ffn_down@50-100%", 4) == [2, 3]
+    assert picked("ffn_down@-1,2", 12) == [2, 11] and picked("ffn_down", 3) == [0, 1, 2] and picked("attn_k", 3) == []
+    for bad in ("ffn_dwn", "ffn_down@middle", "ffn_down@10-5%", "ffn_down@0-101%", "ffn_down@5%"):
+        with pytest.raises(ValueError, match="selector"):
+            check_selector(bad)
+    with pytest.raises(ValueError, match="selector"):
+        Preset("bad", "vptq", PRESETS["2bit"].config, overrides=(("ffn_down@middle", PRESETS["2bit"].config),))
+
+
+def test_presets_read_from_toml(tmp_path):
+    from vq_gguf.presets import load
+    (tmp_path / "p.toml").write_text('[mine]\nmethod = "vptq"\nconfig = { v = 4, k = 4096, row_scale = true }\n'
+                                     'overrides = [["attn_v@last", { v = 2 }]]\nshare = ["ffn_up"]\nn_calib = 64\n')
+    mine = load(tmp_path / "p.toml")["mine"]
+    assert mine.config_for("blk.7.attn_v.weight", 8) == dataclasses.replace(mine.config, v=2)   # relative to config
+    assert mine.config_for("blk.6.attn_v.weight", 8) is mine.config and mine.n_calib == 64 and mine.share == ("ffn_up",)
+    (tmp_path / "bad.toml").write_text('[x]\nmethod = "vptq"\nconfig = { v = 4, k = 256, bits = 2 }\n')
+    with pytest.raises(ValueError, match="preset x"):
+        load(tmp_path / "bad.toml")
+
+
 def test_quantize_flags_keep_the_presets_overrides_unless_they_change_the_geometry():
     import argparse
 
     from vq_gguf.cli import add_quantize, preset_from_args
     parser = argparse.ArgumentParser()
     add_quantize(parser)
-    base = quantize.PRESETS["2bit-shared"]
+    base = PRESETS["2bit-shared"]
     refit = preset_from_args(parser.parse_args(["--preset", "2bit-shared", "--refit-rounds", "0"]))
     assert [key for key, _ in refit.overrides] == [key for key, _ in base.overrides] and refit.share == base.share
     for name in ("blk.0.ffn_down.weight", "blk.29.ffn_down.weight", "blk.5.attn_v.weight", "blk.5.ffn_up.weight"):
@@ -122,7 +152,6 @@ def test_presets_spend_their_extra_bits_within_the_issue_budget(src, name, budge
     """Index bits, F16 codebooks (a shared one once) and F16 row scales of every block linear of the default model,
     as the file will count them: the kinds a preset gives more bits (attn_v, attn_k, the end blocks' ffn_down) must
     not take it past its budget."""
-    from vq_gguf.quantize import PRESETS
     preset = PRESETS[name]
     bits = weights = 0
     books = {}  # one per tensor, or one per (kind, settings) where the kind is shared

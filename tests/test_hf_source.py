@@ -3,7 +3,8 @@ the pinned llama.cpp's convert_hf_to_gguf.py, quantized, and loaded by the patch
 import numpy as np
 
 from vq_gguf import gguf_writer
-from vq_gguf.quantize import VQConfig, quantize_linear
+from vq_gguf.config import VQConfig
+from vq_gguf.quantize import quantize_linear
 from vq_gguf.runtime.llama import Model
 
 
@@ -14,7 +15,7 @@ def test_hf_directory_to_vq_gguf(hf_dir, tiny_src, tmp_path):
     from safetensors.numpy import load_file
     st = load_file(str(hf_dir / "model.safetensors"))
     np.testing.assert_allclose(src.tensors["blk.1.ffn_down.weight"], st["model.layers.1.mlp.down_proj.weight"], rtol=1e-6)
-    vq = {n: quantize_linear(src.tensors[n], VQConfig(v=4, k=16, iters=3)) for n in src.linear_names()}
+    vq = {n: quantize_linear(src.tensors[n], VQConfig(v=4, k=16, kmeans_iters=3)) for n in src.linear_names()}
     path = gguf_writer.write(tmp_path / "tiny.vq.gguf", src, vq=vq, other_type="f16")
     with Model(path, n_ctx=128) as m:
         assert m.n_vocab == src.tensors["token_embd.weight"].shape[0]

@@ -15,7 +15,8 @@ import pytest
 from tests import REPO
 
 from vq_gguf import gguf_writer, source
-from vq_gguf.quantize import PRESETS, quantize_model
+from vq_gguf.presets import PRESETS
+from vq_gguf.quantize import quantize_model
 
 KILLS = 10
 

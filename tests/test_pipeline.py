@@ -9,13 +9,15 @@ import torch
 
 from vq_gguf import quantize
 from vq_gguf.calib import DEFAULT_CALIB, calibration_tokens
+from vq_gguf.config import VQConfig
 from vq_gguf.finetune import Teacher, VQWeight, finetune, kl_to_float
-from vq_gguf.quantize import Preset, quantize_model
+from vq_gguf.presets import Preset
+from vq_gguf.quantize import quantize_model
 from vq_gguf.reference import dequantize
 from vq_gguf.runtime.llama import Model
-from vq_gguf.vptq import VPTQConfig
+from vq_gguf.vqtensor import Shared
 
-SMALL = Preset("test-vptq", "vptq", VPTQConfig(v=4, k=64, kmeans_iters=8, refit_rounds=1), n_calib=6, seq_len=128,
+SMALL = Preset("test-vptq", "vptq", VQConfig(v=4, k=64, kmeans_iters=8, refit_rounds=1), n_calib=6, seq_len=128,
                n_heldout=2)
 
 
@@ -33,7 +35,7 @@ def test_vptq_pipeline_on_two_blocks(src, tmp_path):
 def test_vptq_beats_kmeans_on_held_out_error(src, tmp_path):
     """The same bits: second-order VPTQ against plain k-means, measured on held-out calibration windows (16
     windows of 128 tokens, more tokens than ffn_down has inputs, so its Hessian is not rank-deficient)."""
-    km = Preset("test-km", "kmeans", quantize.VQConfig(v=4, k=64, iters=8))
+    km = Preset("test-km", "kmeans", VQConfig(v=4, k=64, kmeans_iters=8))
     vp = quantize_model(src, tmp_path / "vp.gguf", dataclasses.replace(SMALL, n_calib=16), only=["blk.0."], calib=[DEFAULT_CALIB])
     report = json.loads(vp.with_suffix(".report.json").read_text())["tensors"]
     from gguf import GGUFReader
@@ -66,7 +68,8 @@ def test_shared_codebook_file(src, tmp_path):
     assert reader.get_field(ggml_vq.FORMAT_KEY).contents() == 2
     assert [t.name for t in reader.tensors if t.name.startswith("vq_shared.")] == ["vq_shared.ffn_down.0.vq_codebook"]
     vq = read_vq(reader)
-    assert [t.shared for t in vq.values()] == [{"vq_codebook": "vq_shared.ffn_down.0.vq_codebook"}] * 2
+    (a_, b_) = (t.shared["vq_codebook"] for t in vq.values())
+    assert a_ is b_ and a_.name == "vq_shared.ffn_down.0.vq_codebook" and list(vq.values())[0].codebook is a_.data
     own = {n: dataclasses.replace(t, shared={}) for n, t in vq.items()}
     copies = gguf_writer.write(tmp_path / "copies.gguf", src, vq=own, other_type="q8_0")
     assert GGUFReader(copies).get_field(ggml_vq.FORMAT_KEY).contents() == 1
@@ -84,16 +87,18 @@ def test_shared_codebook_file(src, tmp_path):
 def test_finetune_keeps_a_shared_codebook_shared(tiny_src):
     vq = _tiny_vq(tiny_src)
     downs = [n for n in vq if "ffn_down" in n]
+    book = Shared("vq_shared.ffn_down.0.vq_codebook", vq[downs[0]].codebook)
     for n in downs:
-        vq[n].codebook = vq[downs[0]].codebook.copy()
-        vq[n].shared = {"vq_codebook": "vq_shared.ffn_down.0.vq_codebook"}
+        vq[n].codebook = book.data.copy()
+        vq[n].link(book)
     from vq_gguf.finetune import _student
     _, weights = _student(tiny_src, vq)
     assert weights[downs[0]].C is weights[downs[1]].C                      # one parameter, trained once
     assert weights[downs[0]].C is not weights["blk.0.ffn_up.weight"].C
-    vq[downs[1]].codebook = vq[downs[1]].codebook.copy()
     finetune(tiny_src, vq, Teacher.run(tiny_src, _tokens(28), n_heldout=4), steps=18, lr=1e-3, batch=4, eval_every=3)
-    assert all(np.array_equal(vq[n].codebook, vq[downs[0]].codebook) for n in downs)
+    tuned = vq[downs[0]].shared["vq_codebook"]
+    assert tuned is not book and not np.array_equal(tuned.data, book.data)  # trained, and one object again
+    assert all(vq[n].shared["vq_codebook"] is tuned and vq[n].codebook is tuned.data for n in downs)
 
 
 @pytest.mark.parametrize("share, channel_weights", [((), "none"), (("ffn_up",), "none"), ((), "fisher")])
@@ -130,7 +135,7 @@ def test_vq_weight_module_decodes_like_the_reference(feature_files):
 def _tiny_vq(tiny_src):
     from vq_gguf.quantize import quantize_linear
     # one Lloyd pass: codebooks rough enough that fine-tuning has something to recover on the held-out windows
-    return {n: quantize_linear(tiny_src.tensors[n], quantize.VQConfig(v=4, k=8, iters=1)) for n in tiny_src.linear_names()}
+    return {n: quantize_linear(tiny_src.tensors[n], VQConfig(v=4, k=8, kmeans_iters=1)) for n in tiny_src.linear_names()}
 
 
 def _tokens(n, length=32):
@@ -190,7 +195,7 @@ def test_finetune_file_resumes_and_a_finished_checkpoint_only_writes(tiny_src, t
     from vq_gguf.finetune import finetune_file
     from vq_gguf.source import load_quantized
     vq_file = gguf_writer.write(tmp_path / "tiny-vq.gguf", tiny_src, vq=_tiny_vq(tiny_src), other_type="f32")
-    teacher = Teacher.run(tiny_src, _tokens(6), n_heldout=2).save(tmp_path / "teacher.npz")
+    teacher = Teacher.run(tiny_src, _tokens(16), n_heldout=2).save(tmp_path / "teacher.npz")
     kw = dict(steps=6, lr=3e-3, batch=2, device="cpu", eval_every=2)
     whole = finetune_file(vq_file, teacher, tmp_path / "whole.gguf", **kw)
     assert not list(tmp_path.glob(".whole.gguf.parts-*"))        # the parts folder is gone once written
@@ -231,7 +236,7 @@ def test_quantize_with_finetune_steps_writes_the_tuned_norms(tiny_src, tmp_path)
     import dataclasses
     from vq_gguf.source import load_quantized
     # one Lloyd pass (as _tiny_vq): codebooks rough enough that 8 steps gain on the held-out windows
-    preset = dataclasses.replace(SMALL, config=VPTQConfig(v=4, k=16, kmeans_iters=1, refit_rounds=0), n_calib=4,
+    preset = dataclasses.replace(SMALL, config=VQConfig(v=4, k=16, kmeans_iters=1, refit_rounds=0), n_calib=4,
                                  seq_len=32, finetune_steps=8, finetune_lr=1e-3)
     out = quantize_model(tiny_src, tmp_path / "tiny-ft.gguf", preset, calib=[DEFAULT_CALIB])
     model, vq = load_quantized(out)

@@ -10,10 +10,11 @@ import pytest
 
 from vq_gguf import quantize
 from vq_gguf.calib import DEFAULT_CALIB
-from vq_gguf.quantize import Preset, quantize_model
-from vq_gguf.vptq import VPTQConfig
+from vq_gguf.config import VQConfig
+from vq_gguf.presets import Preset
+from vq_gguf.quantize import quantize_model
 
-TINY = Preset("test-resume", "vptq", VPTQConfig(v=4, k=16, kmeans_iters=2, refit_rounds=0), n_calib=4, seq_len=32,
+TINY = Preset("test-resume", "vptq", VQConfig(v=4, k=16, kmeans_iters=2, refit_rounds=0), n_calib=4, seq_len=32,
               n_heldout=2)
 TEXT = (DEFAULT_CALIB / "austen-emma.txt").read_text()
 

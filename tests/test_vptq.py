@@ -6,7 +6,8 @@ import torch
 
 from vq_gguf.kmeans import nearest
 from vq_gguf.reference import dequantize
-from vq_gguf.vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
+from vq_gguf.config import VQConfig
+from vq_gguf.vptq import VPTQ, proxy_loss, shared_codebook
 
 
 def layer(out_features=64, in_features=128, n_tokens=2048, seed=0):
@@ -26,7 +27,7 @@ def loss(W, H, cfg):
 
 def test_second_order_beats_nearest_centroid():
     W, H = layer()
-    cfg = VPTQConfig(v=4, k=16, refit_rounds=0)
+    cfg = VQConfig(v=4, k=16, refit_rounds=0)
     l2, t = loss(W, H, cfg)
     # the same codebook with plain nearest-centroid codes, no error feedback
     C = torch.from_numpy(t.codebook[0].astype(np.float32))
@@ -37,22 +38,22 @@ def test_second_order_beats_nearest_centroid():
 
 def test_residual_lowers_error():
     W, H = layer(seed=1)
-    base, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
-    res, t = loss(W, H, VPTQConfig(v=4, k=16, k_res=16, refit_rounds=0))
+    base, _ = loss(W, H, VQConfig(v=4, k=16, refit_rounds=0))
+    res, t = loss(W, H, VQConfig(v=4, k=16, k_res=16, refit_rounds=0))
     assert t.res_codebook is not None and res < 0.8 * base
 
 
 def test_codebook_refit_lowers_error():
     W, H = layer(seed=2)
-    paper, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
-    refit, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=2))
+    paper, _ = loss(W, H, VQConfig(v=4, k=16, refit_rounds=0))
+    refit, _ = loss(W, H, VQConfig(v=4, k=16, refit_rounds=2))
     assert refit < paper
 
 
 def test_outlier_columns_lower_error_and_are_the_strongest():
     W, H = layer(seed=3)
-    base, _ = loss(W, H, VPTQConfig(v=4, k=16, refit_rounds=0))
-    out, t = loss(W, H, VPTQConfig(v=4, k=16, outlier_frac=0.03, v0=4, k0=16, refit_rounds=0))
+    base, _ = loss(W, H, VQConfig(v=4, k=16, refit_rounds=0))
+    out, t = loss(W, H, VQConfig(v=4, k=16, outlier_frac=0.03, v0=4, k0=16, refit_rounds=0))
     assert out < base
     assert {0, 1, 2} <= set(t.outlier_cols.tolist())
 
@@ -65,7 +66,7 @@ def test_permutation_is_undone_exactly():
     W = C[codes].permute(0, 2, 1).reshape(64, 128)
     _, H = layer(seed=4)
     for act_order in (True, False):
-        t = VPTQ(W, H, VPTQConfig(v=4, k=16, act_order=act_order, kmeans_iters=50, refit_rounds=0)).quantize()
+        t = VPTQ(W, H, VQConfig(v=4, k=16, act_order=act_order, kmeans_iters=50, refit_rounds=0)).quantize()
         np.testing.assert_allclose(dequantize(t), W.numpy(), atol=1e-3)
 
 
@@ -73,22 +74,22 @@ def test_dead_columns():
     W, H = layer(seed=5)
     H[7, :] = 0
     H[:, 7] = 0
-    t = VPTQ(W, H, VPTQConfig(v=4, k=16)).quantize()
+    t = VPTQ(W, H, VQConfig(v=4, k=16)).quantize()
     assert np.isfinite(dequantize(t)).all()
 
 
 def test_deterministic_under_seed():
     W, H = layer(seed=6)
-    a = VPTQ(W, H, VPTQConfig(v=4, k=16, seed=3)).quantize()
-    b = VPTQ(W, H, VPTQConfig(v=4, k=16, seed=3)).quantize()
+    a = VPTQ(W, H, VQConfig(v=4, k=16, seed=3)).quantize()
+    b = VPTQ(W, H, VQConfig(v=4, k=16, seed=3)).quantize()
     assert (a.codes == b.codes).all() and (a.codebook == b.codebook).all()
 
 
 def test_column_groups_lower_error_and_use_their_own_codebook():
     W, H = layer(seed=7)
     W[:, 64:] *= 8                                              # two halves of very different scale
-    one, _ = loss(W, H, VPTQConfig(v=4, k=16))
-    two, t = loss(W, H, VPTQConfig(v=4, k=16, groups=2))
+    one, _ = loss(W, H, VQConfig(v=4, k=16))
+    two, t = loss(W, H, VQConfig(v=4, k=16, groups=2))
     assert t.codebook.shape == (2, 16, 4) and two < 0.8 * one
     assert np.abs(t.codebook[1]).max() > 4 * np.abs(t.codebook[0]).max()
 
@@ -97,18 +98,18 @@ def test_normalization_lowers_error_on_uneven_rows_and_columns():
     W, H = layer(seed=8)
     g = torch.Generator().manual_seed(8)
     W = W * torch.exp(torch.randn(64, 1, generator=g)) * torch.exp(torch.randn(1, 128, generator=g)) + 0.02
-    plain, _ = loss(W, H, VPTQConfig(v=4, k=16))
-    rows, t_rows = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True))
-    both, t_both = loss(W, H, VPTQConfig(v=4, k=16, row_scale=True, col_norm=True))
+    plain, _ = loss(W, H, VQConfig(v=4, k=16))
+    rows, t_rows = loss(W, H, VQConfig(v=4, k=16, row_scale=True))
+    both, t_both = loss(W, H, VQConfig(v=4, k=16, row_scale=True, col_norm=True))
     assert t_rows.row_scale.shape == (64,) and t_both.col_norm.shape == (2, 128)
     assert rows < plain and both < rows
 
 
 def test_everything_at_once_with_outliers_and_residual():
     W, H = layer(seed=9)
-    cfg = VPTQConfig(v=4, k=16, k_res=4, groups=2, col_norm=True, row_scale=True, outlier_frac=0.03, k0=16)
+    cfg = VQConfig(v=4, k=16, k_res=4, groups=2, col_norm=True, row_scale=True, outlier_frac=0.03, k0=16)
     err, t = loss(W, H, cfg)
-    base, _ = loss(W, H, VPTQConfig(v=4, k=16))
+    base, _ = loss(W, H, VQConfig(v=4, k=16))
     assert np.isfinite(dequantize(t)).all() and err < base
 
 
@@ -131,9 +132,9 @@ def test_shared_codebook_recovers_a_common_codebook():
         return sum(proxy_loss(W, torch.from_numpy(dequantize(t)), H) / proxy_loss(W, torch.zeros_like(W), H)
                    for (W, H), t in zip(layers, ts))
 
-    exact = total(VPTQConfig(v=4, k=16, refit_rounds=0))
-    refit = total(VPTQConfig(v=4, k=16, refit_rounds=2))
-    small = total(VPTQConfig(v=4, k=4, refit_rounds=2))
+    exact = total(VQConfig(v=4, k=16, refit_rounds=0))
+    refit = total(VQConfig(v=4, k=16, refit_rounds=2))
+    small = total(VQConfig(v=4, k=4, refit_rounds=2))
     assert exact < 1e-3 and refit <= exact * 1.01 + 1e-6 and small > 100 * exact
 
 
@@ -141,7 +142,7 @@ def test_shared_codebook_refit_lowers_error():
     layers = [layer(seed=30 + s) for s in range(3)]
 
     def total(rounds):
-        cfg = VPTQConfig(v=4, k=16, refit_rounds=rounds, row_scale=True)
+        cfg = VQConfig(v=4, k=16, refit_rounds=rounds, row_scale=True)
         C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg)
         return sum(proxy_loss(W, torch.from_numpy(dequantize(VPTQ(W, H, cfg, codebook=C).quantize())), H) for W, H in layers)
 
@@ -154,7 +155,7 @@ def test_shared_codebook_keeps_a_rare_large_vector():
     close to its value (a uniform draw of 512 leaves it out 11 times in 12: decoded as 1.3)."""
     layers = [layer(seed=40 + s) for s in range(3)]
     layers[1][0][8:12, 1] = 2.0
-    cfg = VPTQConfig(v=4, k=16)
+    cfg = VQConfig(v=4, k=16)
     C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg, max_points=512)
     Wq = dequantize(VPTQ(*layers[1], cfg, codebook=C).quantize())
     assert np.abs(Wq[8:12, 1] - 2.0).max() < 0.2
@@ -163,7 +164,7 @@ def test_shared_codebook_keeps_a_rare_large_vector():
 def test_shared_codebook_is_refused_with_residual_or_groups():
     W, H = layer()
     C = torch.zeros(1, 16, 4)
-    for cfg in (VPTQConfig(v=4, k=16, k_res=4), VPTQConfig(v=4, k=16, groups=2), VPTQConfig(v=4, k=32)):
+    for cfg in (VQConfig(v=4, k=16, k_res=4), VQConfig(v=4, k=16, groups=2), VQConfig(v=4, k=32)):
         with pytest.raises(ValueError, match="shared codebook"):
             VPTQ(W, H, cfg, codebook=C)
 
@@ -178,7 +179,7 @@ def test_channel_weights_lower_the_weighted_loss():
     W, H = layer(seed=9)
     g = torch.ones(64)
     g[:16] = 50.0                                               # a quarter of the channels matter much more
-    cfg = VPTQConfig(v=4, k=16)
+    cfg = VQConfig(v=4, k=16)
     plain = torch.from_numpy(dequantize(VPTQ(W, H, cfg).quantize()))
     guided = torch.from_numpy(dequantize(VPTQ(W, H, cfg, channel_weight=g).quantize()))
     assert weighted_loss(W, guided, H, g) < 0.8 * weighted_loss(W, plain, H, g)
@@ -193,4 +194,4 @@ def test_channel_weights_lower_the_weighted_loss():
 def test_channel_weights_are_checked(bad):
     W, H = layer()
     with pytest.raises(ValueError, match="channel weights"):
-        VPTQ(W, H, VPTQConfig(v=4, k=16), channel_weight=bad)
+        VPTQ(W, H, VQConfig(v=4, k=16), channel_weight=bad)

@@ -11,7 +11,7 @@ from gguf import GGUFValueType
 
 from vq_gguf import gguf_writer
 from vq_gguf.source import KV, SourceModel
-from vq_gguf.vqtensor import VQTensor
+from vq_gguf.vqtensor import Shared, VQTensor
 
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_VOCAB, N_CTX = 64, 96, 4, 2, 32, 128
 
@@ -112,7 +112,8 @@ def vq_tensors() -> dict[str, VQTensor]:
     u.outlier_cols = np.array([5, 17], np.int32)
     u.outlier_idx = rng.integers(0, len(o.outlier_codebook), (2, u.shape[0] // o.outlier_codebook.shape[1])).astype(np.int16)
     u.outlier_codebook = o.outlier_codebook
-    o.shared = u.shared = {"vq_outlier_codebook": SHARED_OUTLIERS}
+    shared = Shared(SHARED_OUTLIERS, o.outlier_codebook)
+    o.link(shared), u.link(shared)
     return vq
 
 

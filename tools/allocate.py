@@ -22,7 +22,7 @@ from vq_gguf.cli import parse_config
 from vq_gguf.default_model import fetch
 from vq_gguf.names import parse_linear
 from vq_gguf.paths import home
-from vq_gguf.quantize import PRESETS
+from vq_gguf.presets import PRESETS
 from vq_gguf.reference import dequantize
 from vq_gguf.tools.layer_proxy import FileWeights, float_hessians, held_out_error, tensor_bpw
 from vq_gguf.vptq import VPTQ

@@ -25,13 +25,14 @@ def quantize(model: str | os.PathLike = "default", out: str | os.PathLike | None
     """Quantize `model` ("default", a GGUF file or a Hugging Face folder) with a preset of `vq-gguf quantize`
     (docs/quantizer.md) and write `out` (default: <preset>.vq.gguf here); returns the path. Builds llama.cpp
     first when needed (its tokenizer reads the calibration text). Resumes an interrupted run of the same inputs."""
-    from .cli import load_source
-    from .quantize import PRESETS, quantize_model
+    from .presets import PRESETS
+    from .quantize import quantize_model
+    from .source import load_model
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; the presets are {', '.join(PRESETS)}")
     build()
     out = Path(out) if out is not None else Path(f"{preset}.vq.gguf")
-    return quantize_model(load_source(str(model)), out, PRESETS[preset], seed=seed, other_type=other_type,
+    return quantize_model(load_model(model), out, PRESETS[preset], seed=seed, other_type=other_type,
                           only=only, calib=calib)
 
 

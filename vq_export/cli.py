@@ -30,14 +30,6 @@ def default_out(preset: str) -> Path:
     return home() / "out" / f"{NAME}.vq-{preset}.gguf"
 
 
-def load_source(model: str):
-    """The float source of `model` ("default", a GGUF file or a Hugging Face directory), as a GGUF."""
-    from . import source
-    from .default_model import resolve
-    from .native.build import tree_dir
-    return source.load(resolve(model), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
-
-
 def cmd_build(args) -> None:
     from vq_gguf.native.build import build, build_sanitize
     print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
@@ -48,9 +40,12 @@ def preset_from_args(args):
     k_res) replaces the preset's per-tensor overrides; the other settings apply to them too."""
     import dataclasses
 
-    from .quantize import PRESETS
+    from .presets import PRESETS, load
 
-    preset = PRESETS[args.preset]
+    presets = {**PRESETS, **(load(Path(args.preset_file)) if args.preset_file else {})}
+    if args.preset not in presets:
+        raise SystemExit(f"unknown preset {args.preset!r}; the presets are {', '.join(presets)}")
+    preset = presets[args.preset]
     changes = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
     if changes:
         geometry = any(k in GEOMETRY_FLAGS for k in changes)
@@ -77,9 +72,10 @@ def preset_from_args(args):
 
 def cmd_quantize(args) -> Path:
     from .quantize import quantize_model
+    from .source import load_model
 
     preset = preset_from_args(args)
-    model = load_source(args.model)
+    model = load_model(args.model)
     out = Path(args.out) if args.out else default_out(preset.name)
     path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
                           calib=args.calib)
@@ -89,16 +85,18 @@ def cmd_quantize(args) -> Path:
 
 def cmd_selfgen(args) -> None:
     from .selfgen import generate
+    from .source import load_model
 
-    src = load_source(args.model)
+    src = load_model(args.model)
     print(generate(src.path, Path(args.out), args.tokens, seed=args.seed))
 
 
 def cmd_teacher(args) -> None:
     from .calib import DEFAULT_CALIB, calibration_tokens
     from .finetune import Teacher
+    from .source import load_model
 
-    src = load_source(args.model)
+    src = load_model(args.model)
     tokens = calibration_tokens(src.path, args.calib or [DEFAULT_CALIB], args.windows + args.heldout, 512, args.seed)
     print(Teacher.run(src, tokens, args.heldout).save(Path(args.out)))
 
@@ -251,25 +249,31 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_config(text: str, base=None):
-    """'v=4,k=256,row_scale=1' -> a VPTQConfig (or `base`'s type, starting from `base`), each value of its field's type."""
+    """'v=4,k=256,row_scale=1' -> a VQConfig (starting from `base` if given), each value of its field's type."""
     import dataclasses
 
-    from .vptq import VPTQConfig
-    types = {f.name: f.type for f in dataclasses.fields(base or VPTQConfig)}
+    from .config import VQConfig
+    types = {f.name: f.type for f in dataclasses.fields(VQConfig)}
     kw = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
         if key not in types:
             raise SystemExit(f"unknown setting {key!r} in {text!r}; the config has {', '.join(types)}")
         kw[key] = parse_bool(value) if types[key] == "bool" else float(value) if types[key] == "float" else int(value)
-    return dataclasses.replace(base, **kw) if base is not None else VPTQConfig(**kw)
+    return dataclasses.replace(base, **kw) if base is not None else VQConfig(**kw)
 
 
 def parse_tensor_config(text: str, base) -> tuple[str, object]:
-    """'ffn_down@0,-1:v=2,k=64' -> ('ffn_down@0,-1', base with v=2, k=64): a Preset override."""
+    """'ffn_down@first,last:v=2,k=64' -> ('ffn_down@first,last', base with v=2, k=64): a Preset override."""
+    from .presets import check_selector
     key, sep, settings = text.partition(":")
     if not sep or not settings:
-        raise SystemExit(f"--tensor-config {text!r}: expected KIND[@BLOCKS]:SETTING=VALUE,..., e.g. ffn_down@0,-1:v=2,k=64")
+        raise SystemExit(f"--tensor-config {text!r}: expected KIND[@WHERE,...]:SETTING=VALUE,..., e.g. "
+                         "ffn_down@first,last:v=2,k=64 or ffn_up@0-10%:k=4096")
+    try:
+        check_selector(key)
+    except ValueError as e:
+        raise SystemExit(f"--tensor-config {text!r}: {e}") from None
     return key, parse_config(settings, base)
 
 
@@ -289,14 +293,18 @@ GEOMETRY_FLAGS = ("v", "k", "k_res")  # these replace the preset's per-tensor ov
 
 def add_quantize(p: argparse.ArgumentParser) -> None:
     from .names import LINEAR_KINDS
-    from .quantize import PRESETS
-    p.add_argument("--preset", choices=sorted(PRESETS), default="2bit")
+    from .presets import PRESETS
+    p.add_argument("--preset", default="2bit", metavar="NAME",
+                   help=f"one of {', '.join(PRESETS)} (vq_export/presets.toml), or of --preset-file (default: 2bit)")
+    p.add_argument("--preset-file", default=None, metavar="TOML",
+                   help="more presets, in presets.toml's format: selectors by position fit any model's depth")
     for name, (typ, text) in CONFIG_FLAGS.items():
         also = "; drops the preset's per-tensor overrides" if name in GEOMETRY_FLAGS else ", its per-tensor overrides included"
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=f"{text} (overrides the preset{also})")
-    p.add_argument("--tensor-config", nargs="+", default=None, metavar="KIND[@BLOCKS]:SETTINGS",
-                   help="other settings for some tensors, e.g. ffn_down@0,-1:v=2,k=64 (blocks counted from the end "
-                        "when negative; before the preset's own overrides)")
+    p.add_argument("--tensor-config", nargs="+", default=None, metavar="KIND[@WHERE,...]:SETTINGS",
+                   help="other settings for some tensors, before the preset's own overrides: WHERE is first, last, a "
+                        "block number (negative: from the end) or a depth range, e.g. ffn_down@first,last:v=2,k=64 "
+                        "ffn_up@0-10%%:k=4096")
     p.add_argument("--share", nargs="+", default=None, metavar="KIND", choices=LINEAR_KINDS,
                    help="one main codebook for all tensors of each KIND (and equal settings), stored once "
                         "(docs/format.md 4.1): a larger codebook at the same bits")

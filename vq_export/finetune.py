@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from .atomic import hold, replacing, sha256
 from .model import Llama
-from .vqtensor import VQTensor
+from .vqtensor import Shared, VQTensor
 
 LR = 1e-3   # Adam's starting rate; better than 3e-4 on every preset tried (docs/results.md "Learning rate")
 
@@ -48,7 +48,7 @@ class VQWeight(torch.nn.Module):
 
         def book(side: str, values: np.ndarray) -> torch.nn.Parameter:
             p = torch.nn.Parameter(torch.from_numpy(values.astype(np.float32)))
-            return shared.setdefault(t.shared[side], p) if side in t.shared else p
+            return shared.setdefault(t.shared[side].name, p) if side in t.shared else p
 
         self.shape = t.shape
         self.register_buffer("codes", torch.from_numpy(t.codes.astype(np.int64)))
@@ -85,14 +85,22 @@ class VQWeight(torch.nn.Module):
             W = W * self.row_scale[:, None]
         return W
 
-    def write_back(self, t: VQTensor) -> None:
-        t.codebook = self.C.detach().cpu().to(torch.float16).numpy()[None]
-        if self.R is not None:
-            t.res_codebook = self.R.detach().cpu().to(torch.float16).numpy()[None]
-        if self.O is not None:
-            t.outlier_codebook = self.O.detach().cpu().to(torch.float16).numpy()
-        if isinstance(self.row_scale, torch.nn.Parameter):
-            t.row_scale = self.row_scale.detach().cpu().to(torch.float16).numpy()
+    def write_back(self, t: VQTensor, tuned: dict[str, Shared]) -> None:
+        """Put the trained values into `t`; a shared side becomes the one tuned Shared of its name in `tuned`."""
+        def f16(p: torch.Tensor) -> np.ndarray:
+            return p.detach().cpu().to(torch.float16).numpy()
+
+        values = {"vq_codebook": f16(self.C)[None], "vq_res_codebook": None if self.R is None else f16(self.R)[None],
+                  "vq_outlier_codebook": None if self.O is None else f16(self.O),
+                  "vq_row_scale": f16(self.row_scale) if isinstance(self.row_scale, torch.nn.Parameter) else None}
+        for side, array in values.items():
+            if array is None:
+                continue
+            if side in t.shared:
+                name = t.shared[side].name
+                t.shared[side] = tuned.setdefault(name, Shared(name, array))
+                array = t.shared[side].data
+            setattr(t, side.removeprefix("vq_"), array)
 
 
 @dataclass
@@ -194,8 +202,9 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
     with torch.no_grad():
         for p, b in zip(params, best):
             p.copy_(b)
+    tuned = {}
     for name, w in weights.items():
-        w.write_back(vq[name])
+        w.write_back(vq[name], tuned)
     print(f"[finetune] {steps - start} steps in {time.time() - t0:.0f} s on {device}; "
           f"held-out KL {first_kl:.4f} -> {best_kl:.4f}", flush=True)
     return {n: p.detach().cpu().numpy().copy() for n, p in norms.items()}

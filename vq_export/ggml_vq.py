@@ -11,7 +11,7 @@ import enum
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 FORMAT_KEY = "vq.format_version"
-FORMAT_VERSION = 2       # written when a file shares side tensors; without, 1 (what version 1 defined)
+FORMAT_VERSION = 2       # the newest version this package writes (format_version says which a file gets)
 LINK_PREFIX = "vq.link."  # vq.link.<side tensor name> = "vq_shared.<label>.<suffix>" (format.md 4.1)
 SHARED_PREFIX = "vq_shared."
 METHOD_KEY = "vq.method"
@@ -36,6 +36,12 @@ SIDES = (
     "vq_outlier_codebook",
 )
 WEIGHT_SUFFIX = ".weight"
+
+
+def format_version(shares: bool) -> int:
+    """The version a file declares: 2 when it shares side tensors (format.md 4.1), else 1, so that readers of
+    version 1 keep reading every file that version 1 can describe."""
+    return FORMAT_VERSION if shares else 1
 
 
 def code_bits(k: int) -> int:

@@ -87,20 +87,20 @@ def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], ove
     writer.add_key_value("general.file_type", file_type, GGUFValueType.UINT32)
     links = {k: v for t_name, t in vq.items() for k, v in t.links(t_name).items()}
     if vq:
-        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.FORMAT_VERSION if links else 1, GGUFValueType.UINT32)
+        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.format_version(shares=bool(links)), GGUFValueType.UINT32)
     for key, value in {**extra_kv, **links}.items():
         writer.add_key_value(key, value, GGUFValueType.STRING)
 
-    shared: dict[str, np.ndarray] = {}
+    stored: dict[str, np.ndarray] = {}   # shared side tensors written so far: each once, at its first weight
     for name, values in source.tensors.items():
         if name in vq:
             for tname, data, raw in vq[name].gguf_tensors(name):
-                if tname in shared:
-                    if not np.array_equal(shared[tname], data):
-                        raise ValueError(f"{name}: its {tname} differs from the other weights' that share it")
+                if tname in stored:
+                    if stored[tname] is not data:
+                        raise ValueError(f"{name} links {tname}, but not the Shared object that an earlier weight links")
                     continue
                 if tname.startswith(ggml_vq.SHARED_PREFIX):
-                    shared[tname] = data
+                    stored[tname] = data
                 writer.add_tensor(tname, data, raw_dtype=raw)
         elif name in override:
             writer.add_tensor(name, np.ascontiguousarray(override[name], dtype=np.float32))

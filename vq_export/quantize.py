@@ -1,4 +1,4 @@
-"""Quantize a model's block linears to VQ and write the GGUF: presets, the block-by-block pipeline, resume.
+"""Quantize a model's block linears to VQ and write the GGUF: the block-by-block pipeline, and resume.
 
 Two methods share the VPTQ layout (a vector is v consecutive output channels at one input column):
 - `kmeans`: plain k-means codebooks and nearest-centroid codes, no calibration (the baseline);
@@ -34,104 +34,15 @@ from tqdm import tqdm
 
 from . import ggml_vq, gguf_writer, hessian
 from .atomic import hold, is_held, replacing, sha256
-from .finetune import LR
+from .config import VQConfig
 from .kmeans import kmeans, nearest
 from .model import Llama
-from .names import LINEAR_KINDS, block_of, kind_of, linear, parse_linear
+from .names import LINEAR_KINDS, block_of, kind_of, linear
+from .presets import Preset
 from .reference import dequantize
 from .source import SourceModel
-from .vptq import VPTQ, VPTQConfig, proxy_loss, shared_codebook
-from .vqtensor import VQTensor
-
-
-@dataclass(frozen=True)
-class VQConfig:
-    """Plain k-means quantization of one weight (no calibration)."""
-    v: int                 # vector length (output channels per vector)
-    k: int                 # main codebook size
-    k_res: int = 0         # residual codebook size (0: none)
-    iters: int = 25        # k-means iterations
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    method: str                                     # "kmeans" or "vptq"
-    config: VQConfig | VPTQConfig                   # for every block linear ...
-    overrides: tuple[tuple[str, VPTQConfig], ...] = ()  # ... except those a key KIND[@BLOCKS] selects (first match)
-    n_calib: int = 128                              # calibration windows (vptq); 32 gave KLD 0.574, 128 0.501 (docs)
-    seq_len: int = 512                              # tokens per window
-    n_heldout: int = 4                              # windows kept out of the Hessians, for the error report
-    sequential: bool = True                         # Hessians from the quantized earlier blocks
-    finetune_steps: int = 0                         # end-to-end KL fine-tuning of codebooks and norms (0: none)
-    finetune_lr: float = LR
-    share: tuple[str, ...] = ()                     # kinds whose tensors of equal config share one main codebook
-    channel_weights: str = "none"                   # "fisher": output channels weighted by the end loss (fisher.py)
-    fisher_windows: int = 32                        # calibration windows the channel weights are taken from
-
-    def config_for(self, name: str, n_blocks: int):
-        """The config of block linear `name` (blk.N.KIND.weight) in a model of n_blocks blocks. Override keys:
-        KIND (every block) or KIND@B,B,... with block numbers counted from the end when negative."""
-        block, kind = parse_linear(name)
-        for key, cfg in self.overrides:
-            k, _, blocks = key.partition("@")
-            if k == kind and (not blocks or block in {int(b) % n_blocks for b in blocks.split(",")}):
-                return cfg
-        return self.config
-
-
-# the kinds the *-shared presets give one codebook each; attn_v keeps per-tensor ones (more bits, small codebooks)
-SHARED_KINDS = ("ffn_down", "ffn_gate", "ffn_up", "attn_q", "attn_output", "attn_k")
-# the extra bits of the 2-bit shared presets, per tensor: blk.0's and the last block's ffn_down, attn_v
-SHARED_2BIT_OVERRIDES = (("ffn_down@0", VPTQConfig(v=2, k=64, row_scale=True)),
-                         ("ffn_down@-1", VPTQConfig(v=2, k=32, row_scale=True)),
-                         ("attn_v", VPTQConfig(v=2, k=64, row_scale=True)))
-# and the quarter bit more of 2.25bit-shared: attn_k, blocks 1-8 and 11's ffn_down (the next most sensitive after
-# blk.0 and the last), the first three blocks' ffn_gate and ffn_up
-QUARTER_BIT_OVERRIDES = tuple((key, VPTQConfig(v=4, k=4096, row_scale=True))
-                              for key in ("attn_k", "ffn_down@1,2,3,4,5,6,7,8,11", "ffn_up@0,1,2", "ffn_gate@0,1,2"))
-
-TWO_BIT_SHARED = Preset("2bit-shared", "vptq", VPTQConfig(v=6, k=4096, row_scale=True),
-                        overrides=SHARED_2BIT_OVERRIDES, share=SHARED_KINDS)
-
-PRESETS = {
-    "kmeans-2bit": Preset("kmeans-2bit", "kmeans", VQConfig(v=4, k=256)),
-    # a few more bits where a bit buys the most KL per weight (tools.sensitivity; docs/results.md "Bits by kind"):
-    # the first and last blocks' ffn_down, attn_v (3 bits), and at 3 and 4 bits attn_k and attn_v (4 and 5 bits)
-    "2bit": Preset("2bit", "vptq", VPTQConfig(v=4, k=256),
-                   overrides=(("ffn_down@0", VPTQConfig(v=2, k=64)), ("ffn_down@-1", VPTQConfig(v=2, k=32)),
-                              ("attn_v", VPTQConfig(v=2, k=64)))),
-    # the same bits, but one v6 k4096 codebook per kind (stored once) and a scale per row: a codebook of 4096 costs
-    # nothing per tensor when shared, and is far better than 2bit before and after fine-tuning, at twice the
-    # quantizing time and lower generation speed (docs/results.md "One codebook per kind", docs/kernels.md)
-    "2bit-shared": TWO_BIT_SHARED,
-    # a quarter bit more, where a bit buys the most: 2bit-shared, plus 3 bits (one v4 k4096 codebook per kind) for
-    # attn_k and the early blocks' ffn tensors; spreading the same bits evenly (v4 k512 everywhere) gains almost
-    # nothing (docs/results.md "A quarter bit more")
-    "2.25bit-shared": dataclasses.replace(TWO_BIT_SHARED, name="2.25bit-shared",
-                                          overrides=SHARED_2BIT_OVERRIDES + QUARTER_BIT_OVERRIDES),
-    # at 3 and 4 bits, pairs of channels with a small codebook beat v4 with a residual codebook (docs/results.md
-    # "Layouts on single weights")
-    "3bit": Preset("3bit", "vptq", VPTQConfig(v=2, k=64),
-                   overrides=(("attn_k", VPTQConfig(v=2, k=256)), ("attn_v", VPTQConfig(v=2, k=256)))),
-    # shared at 3 bits: v4 k4096 per kind, row scales; attn_v per tensor at 4 bits (docs/results.md)
-    "3bit-shared": Preset("3bit-shared", "vptq", VPTQConfig(v=4, k=4096, row_scale=True),
-                          overrides=(("attn_v", VPTQConfig(v=2, k=256, row_scale=True)),),
-                          share=SHARED_KINDS),
-    "4bit": Preset("4bit", "vptq", VPTQConfig(v=2, k=256),
-                   overrides=(("attn_k", VPTQConfig(v=2, k=1024)), ("attn_v", VPTQConfig(v=2, k=1024)))),
-    # shared at 4 bits: triples of channels, v3 k4096 per kind, row scales; attn_v per tensor at 5 bits; better than
-    # 4bit at slightly fewer bits, slower to quantize (docs/results.md)
-    "4bit-shared": Preset("4bit-shared", "vptq", VPTQConfig(v=3, k=4096, row_scale=True),
-                          overrides=(("attn_v", VPTQConfig(v=2, k=1024, row_scale=True)),),
-                          share=SHARED_KINDS),
-}
-
-
-def to_vectors(W: torch.Tensor, v: int) -> torch.Tensor:
-    """[out, in] -> [P*in, v]: row p*in + j is output channels p*v..p*v+v-1 at input column j."""
-    out_features, in_features = W.shape
-    return W.reshape(out_features // v, v, in_features).permute(0, 2, 1).reshape(-1, v)
+from .vptq import VPTQ, proxy_loss, shared_codebook
+from .vqtensor import Shared, VQTensor, to_vectors
 
 
 def fit_codebook(X: torch.Tensor, k: int, iters: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,38 +51,51 @@ def fit_codebook(X: torch.Tensor, k: int, iters: int, seed: int) -> tuple[torch.
     return C, nearest(X, C)[0]
 
 
-def quantize_linear(W: np.ndarray, cfg: VQConfig, seed: int = 0) -> VQTensor:
-    """The kmeans method for one weight: nearest-centroid codes, optional residual codebook."""
+def quantize_linear(W: np.ndarray, cfg: VQConfig) -> VQTensor:
+    """The kmeans method for one weight: nearest-centroid codes, optional residual codebook (cfg's v, k, k_res,
+    kmeans_iters and seed; the settings that need calibration are refused)."""
     out_features, in_features = W.shape
+    if cfg.calibrated():
+        raise ValueError(f"the kmeans method has no calibration for {', '.join(cfg.calibrated())}; use vptq")
     if out_features % cfg.v:
         raise ValueError(f"vector length {cfg.v} does not divide {out_features} output channels")
     if in_features % ggml_vq.BLOCK_SIZE:
         raise ValueError(f"{in_features} input columns are not a multiple of {ggml_vq.BLOCK_SIZE}")
     P = out_features // cfg.v
     X = to_vectors(torch.from_numpy(np.ascontiguousarray(W, dtype=np.float32)), cfg.v)
-    C, idx = fit_codebook(X, cfg.k, cfg.iters, seed)
-    t = VQTensor(shape=(out_features, in_features), codes=idx.reshape(P, in_features).numpy().astype(np.uint32),
-                 codebook=C.to(torch.float16).numpy()[None])
+
+    def codes(idx: torch.Tensor) -> np.ndarray:
+        return idx.reshape(in_features, P).T.numpy().astype(np.uint32)
+
+    C, idx = fit_codebook(X, cfg.k, cfg.kmeans_iters, cfg.seed)
+    t = VQTensor(shape=(out_features, in_features), codes=codes(idx), codebook=C.to(torch.float16).numpy()[None])
     if cfg.k_res:
-        R, ridx = fit_codebook(X - C[idx], cfg.k_res, cfg.iters, seed + 1)
-        t.res_codes = ridx.reshape(P, in_features).numpy().astype(np.uint32)
-        t.res_codebook = R.to(torch.float16).numpy()[None]
+        R, ridx = fit_codebook(X - C[idx], cfg.k_res, cfg.kmeans_iters, cfg.seed + 1)
+        t.res_codes, t.res_codebook = codes(ridx), R.to(torch.float16).numpy()[None]
     return t
 
 
 # --- resumable parts -------------------------------------------------------------------------------------
 
 def _save_part(path: Path, t: VQTensor, report: dict) -> None:
-    arrays = {k: v for k, v in asdict(t).items() if isinstance(v, np.ndarray)}
+    """A finished tensor without its shared sides (the run holds those: _load_part links them again)."""
+    arrays = {k: getattr(t, k) for k in ("codes", "res_codes", *(s.removeprefix("vq_") for s in ggml_vq.SIDES))
+              if getattr(t, k) is not None and "vq_" + k not in t.shared}
+    shared = {side: s.name for side, s in t.shared.items()}
     with replacing(path, ".npz") as tmp:
-        np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), shared=np.array(json.dumps(t.shared)), **arrays)
+        np.savez(tmp, shape=np.array(t.shape), report=np.array(json.dumps(report)), shared=np.array(json.dumps(shared)), **arrays)
 
 
-def _load_part(path: Path) -> tuple[VQTensor, dict]:
+def _load_part(path: Path, shared: dict[str, Shared]) -> tuple[VQTensor, dict]:
+    """A tensor _save_part wrote, its shared sides taken from `shared` (by name)."""
     with np.load(path) as z:
         fields = {k: z[k] for k in z.files if k not in ("shape", "report", "shared")}
-        return (VQTensor(shape=tuple(int(x) for x in z["shape"]), shared=json.loads(str(z["shared"])), **fields),
-                json.loads(str(z["report"])))
+        links = {side: shared[name] for side, name in json.loads(str(z["shared"])).items()}
+        t = VQTensor(shape=tuple(int(x) for x in z["shape"]), **fields,
+                     **{side.removeprefix("vq_"): s.data for side, s in links.items()})
+        for s in links.values():
+            t.link(s)
+        return t, json.loads(str(z["report"]))
 
 
 def _drop_torn_parts(parts: Path) -> None:
@@ -304,9 +228,10 @@ def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
     for name in tqdm(run.names, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True):
         part = run.part(name)
         if part.exists():
-            done[name], report[name] = _load_part(part)
+            done[name], report[name] = _load_part(part, {})
             continue
-        done[name] = quantize_linear(run.source.tensors[name], run.preset.config_for(name, run.source.n_blocks), seed=run.seed)
+        cfg = dataclasses.replace(run.preset.config_for(name, run.source.n_blocks), seed=run.seed)
+        done[name] = quantize_linear(run.source.tensors[name], cfg)
         report[name] = {}
         _save_part(part, done[name], report[name])
     return done, report
@@ -336,13 +261,14 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             part = run.part(name)
             bar.set_postfix_str(name)
             if part.exists():
-                t, rep = _load_part(part)
+                t, rep = _load_part(part, {s.name: s for s in shared.values()})
             else:
                 cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
-                book_name, book = shared.get(name, (None, None))
-                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, codebook=book, channel_weight=g.get(name)).quantize()
-                if book_name:
-                    t.shared = {"vq_codebook": book_name}
+                book = shared.get(name)
+                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, channel_weight=g.get(name),
+                         codebook=None if book is None else torch.from_numpy(book.data.astype(np.float32))).quantize()
+                if book is not None:
+                    t.link(book)
                 W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
                 hv = H_val[hessian.INPUT_OF[short]]
                 rep = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, torch.zeros_like(W), hv),
@@ -381,10 +307,10 @@ def _channel_weights(run: Run, model: Llama, tokens: torch.Tensor) -> dict[str, 
         return {n: torch.from_numpy(z[n]) for n in run.names}
 
 
-def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torch.Tensor]) -> dict[str, tuple[str, torch.Tensor]]:
-    """For the tensors of the preset's shared kinds: {name: (shared tensor name, codebook)}, one codebook per
-    kind and config, fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
-    groups: dict[tuple[str, VPTQConfig], list[str]] = {}
+def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torch.Tensor]) -> dict[str, Shared]:
+    """For the tensors of the preset's shared kinds: {name: its Shared codebook}, one per kind and config,
+    fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
+    groups: dict[tuple[str, VQConfig], list[str]] = {}
     for name in run.names:
         kind = kind_of(name)
         if kind in run.preset.share:
@@ -410,8 +336,8 @@ def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torc
                               for n in names)
             with replacing(path, ".npy") as tmp:
                 np.save(tmp, shared_codebook(layers, cfg).numpy())
-        C = torch.from_numpy(np.load(path))
-        books.update({n: (ggml_vq.shared_name(label, "vq_codebook"), C) for n in names})
+        book = Shared(ggml_vq.shared_name(label, "vq_codebook"), np.load(path).astype(np.float16))
+        books.update({n: book for n in names})
     return books
 
 

@@ -27,6 +27,14 @@ SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
 
 
 
+def load_model(model: str | Path) -> "SourceModel":
+    """The float source of `model` ("default", a GGUF file or a Hugging Face directory), read as `load` does."""
+    from .default_model import resolve
+    from .native.build import tree_dir
+    from .paths import home
+    return load(resolve(str(model)), llama_tree=tree_dir(), cache_dir=home() / "hf-gguf")
+
+
 class SourceError(ValueError):
     """The source model cannot be used: wrong path, malformed file, unsupported architecture, bad values."""
 

@@ -7,37 +7,12 @@ layer-output error ‖(W − Ŵ)Xᵀ‖² = tr((W − Ŵ) H (W − Ŵ)ᵀ).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from . import ggml_vq
+from .config import VQConfig
 from .kmeans import TAIL_POINTS, centroid_terms, kmeans, nearest, nearest_in
-from .vqtensor import VQTensor
-
-
-@dataclass(frozen=True)
-class VPTQConfig:
-    v: int                       # vector length (output channels per vector)
-    k: int                       # main codebook size
-    k_res: int = 0               # residual codebook size (0: none)
-    outlier_frac: float = 0.0    # share of input columns (largest Hessian diagonal) with an outlier codebook
-    v0: int = 4                  # outlier vector length
-    k0: int = 256                # outlier codebook size
-    act_order: bool = True       # columns in descending diag(H) order
-    damp: float = 0.01           # added to diag(H), relative to its mean
-    block: int = 128             # columns per lazy-update block
-    kmeans_iters: int = 12       # Lloyd passes over ≤ 2¹⁶ vectors (docs/results.md "The k-means sample")
-    refit_rounds: int = 2        # codebook refit + re-assignment rounds (0: the paper's fixed k-means codebook)
-    groups: int = 1              # column groups, each with its own codebooks (stored columns j·G/in)
-    col_norm: bool = False       # per-column scale and bias: codebooks see (w − t_j)/s_j (the paper's normalization)
-    row_scale: bool = False      # per-output-channel scale: codebooks see rows of equal RMS
-    seed: int = 0
-
-    @property
-    def index_bits(self) -> int:
-        return ggml_vq.code_bits(self.k) + (ggml_vq.code_bits(self.k_res) if self.k_res else 0)
+from .vqtensor import VQTensor, to_vectors
 
 
 def f16(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +34,7 @@ class VPTQ:
     distance, k-means and refit, so each step still minimises the true output error.
     """
 
-    def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VPTQConfig,
+    def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VQConfig,
                  codebook: torch.Tensor | None = None, channel_weight: torch.Tensor | None = None):
         """`codebook` [1, k, v]: a fixed main codebook (one several weights share, see shared_codebook): no
         k-means and no refit of it here. `channel_weight` [out]: g_o, the weight of output channel o's error in
@@ -117,12 +92,8 @@ class VPTQ:
 
     # --- codebooks ----------------------------------------------------------------------------------
 
-    def _vectors(self, Wp: torch.Tensor, v: int) -> torch.Tensor:
-        """[out, n] -> [n*P, v], vector (column j, vector row p) at row j*P + p."""
-        return Wp.T.reshape(-1, v)
-
     def _weights(self, cols: torch.Tensor, v: int) -> torch.Tensor:
-        """k-means weights of the vectors of permuted columns `cols` (as _vectors orders them): the column's
+        """k-means weights of the vectors of permuted columns `cols` (as to_vectors orders them): the column's
         Hessian diagonal, times the lanes' row weights with row_scale or channel weights ([n, v] then)."""
         P = self.W.shape[0] // v
         w = self.diag[self.perm][cols].to(torch.float32).repeat_interleave(P)
@@ -138,7 +109,7 @@ class VPTQ:
         books = []
         for g in range(cfg.groups):
             cols = (self.gp == g).nonzero().flatten()
-            X = self._vectors(Wp[:, cols], cfg.v)
+            X = to_vectors(Wp[:, cols], cfg.v)
             books.append(kmeans(X, k, self._weights(cols, cfg.v), iters=cfg.kmeans_iters, seed=seed + 16 * g))
         return f16(torch.stack(books))
 
@@ -261,7 +232,7 @@ class VPTQ:
             first = torch.stack([C[self.gp[j]][nearest(Wp[:, j].view(P, v), C[self.gp[j]], lw)[0]].reshape(-1)
                                  for j in range(n_out)], 1)
             err = (Wp[:, :n_out] - first) / self.ounit[:n_out]
-            O = f16(kmeans(self._vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out), cfg.v0),
+            O = f16(kmeans(to_vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out), cfg.v0),
                            iters=cfg.kmeans_iters, seed=cfg.seed + 2))
         codes, rcodes, ocodes, Q, target = self._assign(C, None, O, n_out)
         if cfg.k_res:
@@ -299,7 +270,7 @@ class VPTQ:
         return t
 
 
-def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch.Tensor:
+def shared_codebook(layers, cfg: VQConfig, max_points: int = 1 << 18) -> torch.Tensor:
     """One [1, k, v] codebook for several weights (format.md 4.1): Hessian-weighted k-means over their vectors
     (normalized as cfg says; Lloyd passes on a sample of max_points of them, which keeps k = 4096 over 30
     tensors to minutes, stratified as `kmeans` does with its TAIL_POINTS farthest vectors per weight always in it),
@@ -309,7 +280,7 @@ def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch
     v = cfg.v
 
     def vectors(vp: VPTQ, Wp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        X, w = vp._vectors(Wp, v), vp._weights(torch.arange(Wp.shape[1]), v)
+        X, w = to_vectors(Wp, v), vp._weights(torch.arange(Wp.shape[1]), v)
         return X, (w if w.dim() == 2 else w[:, None].expand_as(X))
 
     X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in _prepared(layers())))
@@ -322,7 +293,7 @@ def shared_codebook(layers, cfg: VPTQConfig, max_points: int = 1 << 18) -> torch
         for vp in _prepared(layers()):
             codes, _, _, _, target = vp._assign(C, None, None, 0)
             X, w = vectors(vp, target)
-            idx = codes.T.reshape(-1)                     # the order of _vectors: column j, vector row p at j·P + p
+            idx = codes.T.reshape(-1)                     # to_vectors' order: column j, vector row p at j·P + p
             S.index_add_(0, idx, (X * w).double())
             N.index_add_(0, idx, w.double())
         C = f16(torch.where(N > 0, S / N.clamp_min(1e-300), C[0].double()).float())[None]

@@ -1,12 +1,42 @@
-"""One VQ-quantized weight: indices, codebooks and side data, and its GGUF tensors (docs/format.md §4)."""
+"""One VQ-quantized weight: indices, codebooks and side data, and its GGUF tensors (docs/format.md §4).
+
+A vector is v consecutive output channels at one input column: vector row p of column j holds W[p·v : p·v+v, j].
+A side tensor that several weights link to (format.md 4.1) is one `Shared` object that each of them holds.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from . import ggml_vq
 from .pack import pack_codes, unpack_codes
+
+
+def to_vectors(W: torch.Tensor, v: int) -> torch.Tensor:
+    """[out, n] -> [n·P, v]: the vectors of a weight, vector row p of column j at row j·P + p. Codes found
+    for them, idx [n·P], are the weight's codes [P, n] as idx.reshape(n, P).T."""
+    return W.T.reshape(-1, v)
+
+
+@dataclass(frozen=True, eq=False)
+class Shared:
+    """A side tensor stored once under its own name (vq_shared.<label>.<side>) and linked by several weights.
+    The weights hold this one object; the writer stores it at its first use and refuses a different one of the
+    same name."""
+    name: str
+    data: np.ndarray      # in its file type (float16 for codebooks), contiguous
+
+    def __post_init__(self):
+        side = self.name.rpartition(".")[2]
+        if not self.name.startswith(ggml_vq.SHARED_PREFIX) or side not in ggml_vq.SIDES:
+            raise ValueError(f"{self.name!r} is not a shared side tensor name ({ggml_vq.SHARED_PREFIX}<label>.<side>)")
+        object.__setattr__(self, "data", np.ascontiguousarray(self.data))
+
+    @property
+    def side(self) -> str:
+        return self.name.rpartition(".")[2]
 
 
 @dataclass
@@ -22,7 +52,16 @@ class VQTensor:
     outlier_cols: np.ndarray | None = None        # int32 [n_o]
     outlier_idx: np.ndarray | None = None         # int16 [n_o, out/v0]
     outlier_codebook: np.ndarray | None = None    # float16 [K0, v0]
-    shared: dict[str, str] = field(default_factory=dict)  # side -> name of the shared tensor that holds it (format.md 4.1)
+    shared: dict[str, Shared] = field(default_factory=dict)  # side -> the shared tensor that holds it
+
+    def link(self, shared: Shared) -> "VQTensor":
+        """Hold `shared` for its side instead of an own copy (the values must be those the weight has)."""
+        own = getattr(self, shared.side.removeprefix("vq_"))
+        if own is None or own.shape != shared.data.shape or not np.array_equal(own, shared.data):
+            raise ValueError(f"{shared.name} is not this weight's {shared.side}")
+        setattr(self, shared.side.removeprefix("vq_"), shared.data)
+        self.shared[shared.side] = shared
+        return self
 
     @property
     def v(self) -> int:
@@ -50,7 +89,7 @@ class VQTensor:
 
     def gguf_tensors(self, weight_name: str) -> list[tuple[str, np.ndarray, object]]:
         """(name, array, raw ggml type or None) for the index tensor and every side tensor present; a shared
-        side under its shared name (the writer stores it once)."""
+        side as its Shared's name and array (the writer stores it once)."""
         out_features, in_features = self.shape
         b = self.b1 + self.b2
         merged = self.codes.astype(np.uint64)
@@ -69,19 +108,21 @@ class VQTensor:
             "vq_outlier_codebook": None if self.outlier_codebook is None else self.outlier_codebook.astype(np.float16),
         }
         for side in ggml_vq.SIDES:
-            if sides[side] is not None:
-                tensors.append((self.shared.get(side) or ggml_vq.side_name(weight_name, side), np.ascontiguousarray(sides[side]), None))
+            if side in self.shared:
+                tensors.append((self.shared[side].name, self.shared[side].data, None))
+            elif sides[side] is not None:
+                tensors.append((ggml_vq.side_name(weight_name, side), np.ascontiguousarray(sides[side]), None))
         return tensors
 
     def links(self, weight_name: str) -> dict[str, str]:
         """The GGUF keys that point this weight's shared sides at their tensors (only sides it has: no dangling link)."""
-        return {ggml_vq.LINK_PREFIX + ggml_vq.side_name(weight_name, side): name for side, name in self.shared.items()
-                if getattr(self, side.removeprefix("vq_")) is not None}
+        return {ggml_vq.LINK_PREFIX + ggml_vq.side_name(weight_name, side): s.name for side, s in self.shared.items()}
 
     @classmethod
-    def from_gguf(cls, weight_name: str, tensors: dict, links: dict[str, str] | None = None) -> "VQTensor":
+    def from_gguf(cls, weight_name: str, tensors: dict, links: dict[str, str] | None = None,
+                  shared_read: dict[str, Shared] | None = None) -> "VQTensor":
         """Rebuild from a GGUFReader's tensors (name -> ReaderTensor) and links (ggml_vq.links); raises
-        ValueError on a malformed set."""
+        ValueError on a malformed set. `shared_read` holds the Shared objects read so far (one per name)."""
         w = tensors[weight_name]
         n = ggml_vq.rate_quarters(w.tensor_type)
         in_features, out_features = (int(x) for x in w.shape[:2])
@@ -116,7 +157,7 @@ class VQTensor:
                              f"and {out_features} output channels")
         merged = unpack_codes(np.asarray(w.data).reshape(-1), out_features // v, in_features, b1 + b2)
         outlier_idx = side("vq_outlier_idx")
-        return cls(
+        t = cls(
             shape=(out_features, in_features),
             codes=merged & np.uint32((1 << b1) - 1),
             codebook=codebook,
@@ -128,13 +169,16 @@ class VQTensor:
             outlier_cols=side("vq_outlier_cols"),
             outlier_idx=None if outlier_idx is None else outlier_idx.reshape(-1, out_features // side("vq_outlier_codebook").shape[-1]),
             outlier_codebook=side("vq_outlier_codebook"),
-            shared=shared,
         )
+        shared_read = {} if shared_read is None else shared_read
+        for s, target in shared.items():
+            t.link(shared_read.get(target) or shared_read.setdefault(target, Shared(target, getattr(t, s.removeprefix("vq_")))))
+        return t
 
 
 def read_vq(reader, select=lambda name: True) -> dict[str, VQTensor]:
     """The VQ weights of a GGUFReader (those whose name `select` accepts), shared sides resolved."""
     by_name = {t.name: t for t in reader.tensors}
-    links = ggml_vq.links(reader.fields)
-    return {t.name: VQTensor.from_gguf(t.name, by_name, links) for t in reader.tensors
+    links, shared = ggml_vq.links(reader.fields), {}
+    return {t.name: VQTensor.from_gguf(t.name, by_name, links, shared) for t in reader.tensors
             if ggml_vq.is_vq(t.tensor_type) and select(t.name)}
