@@ -13,6 +13,6 @@ demo: setup
 	vq-gguf demo $(DEMO_ARGS)
 
 test: setup-test
-	vq-gguf build --server
+	vq-gguf build --server --rpc
 	vq-gguf build --sanitize
 	$(PY) -m pytest -q

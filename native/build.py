@@ -157,19 +157,25 @@ def ensure_tools(compilers: tuple[str, ...] = ("cc", "c++"), patching: bool = Tr
 
 
 def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None = None,
-          tree: Path | None = None, runtime: bool = True, defines: dict[str, str] | None = None) -> Path:
+          tree: Path | None = None, runtime: bool = True, defines: dict[str, str] | None = None,
+          rpc: bool = False) -> Path:
     """Make sure the patched libraries, tools and the runtime's cffi module are built; returns bin/.
+    server: llama-server too; rpc: the RPC backend and rpc-server too;
     tree: an already patched tree (tools/gpu_check.sh carries one to a machine without network);
     defines: more CMake cache entries, NAME:TYPE -> value."""
     from vq_gguf.native import cuda
     ensure_tools(patching=tree is None)
     tree = tree or prepare_tree(fetch_sdist())
     cache = build_dir() / "CMakeCache.txt"
-    # once configured with the server, stay so: a build without --server then only skips its target
-    server = server or (cache.exists() and "VQ_BUILD_SERVER:BOOL=ON" in cache.read_text())
+    configured = cache.read_text() if cache.exists() else ""
+    # once configured with the server or RPC, stay so: a plain build then only skips their targets
+    server = server or "VQ_BUILD_SERVER:BOOL=ON" in configured
+    rpc = rpc or "VQ_RPC:BOOL=ON" in configured
     opts = {"CMAKE_BUILD_TYPE:STRING": "Release", "VQ_BUILD_SERVER:BOOL": "ON" if server else "OFF",
+            "VQ_RPC:BOOL": "ON" if rpc else "OFF",
             **(cuda.cmake_options(cuda_arch) if cuda_arch else {"VQ_CUDA:BOOL": "OFF"}), **(defines or {})}
-    cmake_build(tree, build_dir(), opts, TARGETS + (["llama-server"] if server else []), jobs or os.cpu_count() or 2)
+    targets = TARGETS + (["llama-server"] if server else []) + (["rpc-server"] if rpc else [])
+    cmake_build(tree, build_dir(), opts, targets, jobs or os.cpu_count() or 2)
     if runtime:
         from vq_gguf.runtime import ffi_build
         ffi_build.build(tree, bin_dir())
@@ -192,6 +198,7 @@ def build_sanitize(jobs: int | None = None) -> Path:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="store_true", help="also build llama-server")
+    ap.add_argument("--rpc", action="store_true", help="also build the RPC backend and rpc-server (docs/rpc.md)")
     ap.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (build-asan)")
     ap.add_argument("--cuda", action="store_true", help="build the CUDA backend (needs nvcc and cuBLAS)")
     ap.add_argument("--cuda-arch", default="90", help="CUDA architectures, CMake syntax (default 90: Hopper)")
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     defines = dict(d.split("=", 1) for d in args.define)
     print(build(server=args.server, jobs=args.jobs, cuda_arch=args.cuda_arch if args.cuda else None,
-                tree=args.tree, runtime=not args.no_runtime, defines=defines))
+                tree=args.tree, runtime=not args.no_runtime, defines=defines, rpc=args.rpc))
 
 
 if __name__ == "__main__":

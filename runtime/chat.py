@@ -7,9 +7,9 @@ from .llama import Chat, Model, SamplerConfig
 
 
 def run(model_path: str, *, prompt: str | None, system: str | None, sampler: SamplerConfig, max_tokens: int,
-        n_ctx: int | None, threads: int | None, verbose: bool) -> str:
+        n_ctx: int | None, threads: int | None, verbose: bool, rpc: list[str] | None = None) -> str:
     """Returns the last answer (for scripts); streams every answer to stdout."""
-    with Model(model_path, n_ctx=n_ctx, n_threads=threads, verbose=verbose) as model:
+    with Model(model_path, n_ctx=n_ctx, n_threads=threads, verbose=verbose, rpc=rpc) as model:
         chat = Chat(model, system=system, sampler=sampler)
         if prompt is not None:
             return _answer(chat, prompt, max_tokens)

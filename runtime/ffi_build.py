@@ -126,6 +126,7 @@ bool ggml_vq_check_data(const struct ggml_vq_layout * layout, char * err, size_t
 
 void vq_log_setup(int verbose);
 const char * vq_log_text(void);
+int vq_add_rpc_server(const char * endpoint);
 void vq_log_clear(void);
 """
 
@@ -170,6 +171,26 @@ static void vq_log_cb(enum ggml_log_level level, const char * text, void * user_
 }
 
 void vq_log_setup(int verbose) { vq_log_verbose = verbose; llama_log_set(vq_log_cb, NULL); }
+
+/* an RPC server's devices, registered as llama.cpp's --rpc registers them (common/arg.cpp): 0, or -1 when the
+   build has no RPC backend (`vq-gguf build --rpc`), -2 when the server gives none */
+int vq_add_rpc_server(const char * endpoint) {
+    ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    if (!rpc) {
+        return -1;
+    }
+    typedef ggml_backend_reg_t (*add_server_t)(const char * endpoint);
+    add_server_t add = (add_server_t) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server");
+    if (!add) {
+        return -1;
+    }
+    ggml_backend_reg_t reg = add(endpoint);
+    if (!reg) {
+        return -2;
+    }
+    ggml_backend_register(reg);
+    return 0;
+}
 const char * vq_log_text(void) { return vq_log_buf; }
 void vq_log_clear(void) { vq_log_len = 0; vq_log_buf[0] = 0; }
 """

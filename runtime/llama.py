@@ -105,15 +105,33 @@ class SamplerConfig:
             raise ValueError(f"seed must be an integer in [0, 2^32), not {self.seed!r}")
 
 
+_rpc_added: set[str] = set()   # llama.cpp's device registry is per process: each server is added once
+
+
+def add_rpc_servers(lib, servers: list[str]) -> None:
+    from .rpc import RpcError, check_reachable
+    check_reachable(servers)
+    for s in servers:
+        if s in _rpc_added:
+            continue
+        status = lib.vq_add_rpc_server(s.encode())
+        if status == -1:
+            raise RpcError("this build has no RPC backend: run `vq-gguf build --rpc`")
+        if status:
+            raise RpcError(f"RPC server {s} offers no device")
+        _rpc_added.add(s)
+
+
 DEFAULT_CTX = 2048  # tokens, or the model's training context if that is smaller
 
 
 class Model:
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_threads: int | None = None, verbose: bool = False, check_tensors: bool = True,
-                 vocab_only: bool = False):
+                 vocab_only: bool = False, rpc: list[str] | None = None):
         """n_ctx: context in tokens, at most the model's training context (default: DEFAULT_CTX or that).
         vocab_only: load just the tokenizer (tokenize/detokenize/chat template; no decoding).
+        rpc: HOST:PORT of rpc-servers (runtime/rpc.py) that hold and run the layers, split by their memory.
         check_tensors: refuse NaN/Inf and invalid quantized blocks in the data (llama.cpp's check; NaN weights
         would otherwise reach kernel assertions)."""
         for name, value in (("n_ctx", 1 if n_ctx is None else n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
@@ -128,6 +146,9 @@ class Model:
         self.lib.vq_log_clear()
         mp = self.lib.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if rpc:
+            add_rpc_servers(self.lib, rpc)
+            mp.n_gpu_layers = 999   # every layer on the RPC devices
         mp.check_tensors = check_tensors
         mp.vocab_only = vocab_only
         self.ctx = None

@@ -62,9 +62,12 @@ def check_bind(host: str, port: int, api_key: str | None, public_without_key: bo
                          "or --public-without-key to serve anyone who can reach it")
 
 
-def command(model: Path, *, host: str, port: int, n_ctx: int, threads: int | None, alias: str | None = None) -> list[str]:
+def command(model: Path, *, host: str, port: int, n_ctx: int, threads: int | None, alias: str | None = None,
+            rpc: list[str] | None = None) -> list[str]:
+    """llama-server's command line; with `rpc`, every layer on those rpc-servers (runtime/rpc.py)."""
     return [str(binary()), "-m", str(model), "--host", host, "--port", str(port), "-c", str(n_ctx),
-            "-t", str(threads or os.cpu_count() or 1), "--alias", alias or Path(model).name, "--no-webui", "--jinja"]
+            "-t", str(threads or os.cpu_count() or 1), "--alias", alias or Path(model).name, "--no-webui", "--jinja",
+            *(["--rpc", ",".join(rpc), "-ngl", "999"] if rpc else [])]
 
 
 class Server:
@@ -73,15 +76,18 @@ class Server:
 
     def __init__(self, model: str | os.PathLike, log_path: Path, *, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, n_ctx: int = 2048, threads: int | None = None,
-                 api_key: str | None = None, public_without_key: bool = False):
+                 api_key: str | None = None, public_without_key: bool = False, rpc: list[str] | None = None):
         model = check_model_file(model)
         check_bind(host, port, api_key, public_without_key)
+        if rpc:
+            from .rpc import check_reachable
+            check_reachable(rpc)
         self.base = f"http://{host}:{port}"
         self.url = f"{self.base}/v1"
         self.model_name = model.name
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd = command(model, host=host, port=port, n_ctx=n_ctx, threads=threads)
+        self.cmd = command(model, host=host, port=port, n_ctx=n_ctx, threads=threads, rpc=rpc)
         self._log = open(self.log_path, "wb")
         env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}  # only the key given here
         if api_key:
@@ -128,14 +134,14 @@ class Server:
 
 
 def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None, api_key: str | None = None,
-        public_without_key: bool = False) -> None:
+        public_without_key: bool = False, rpc: list[str] | None = None) -> None:
     """Start the server, say where it listens, and keep it in the foreground until Ctrl-C or until it exits."""
     from vq_gguf.paths import home
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` too stops llama-server, through the finally below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even when started from a shell's background job,
                                                               # which inherits SIGINT ignored
     server = Server(model, home() / "logs" / f"llama-server-{port}.log", host=host, port=port, n_ctx=n_ctx,
-                    threads=threads, api_key=api_key, public_without_key=public_without_key)
+                    threads=threads, api_key=api_key, public_without_key=public_without_key, rpc=rpc)
     auth = " -H 'Authorization: Bearer $VQ_GGUF_API_KEY'" if api_key else ""
     try:
         server.wait_ready()

@@ -32,7 +32,7 @@ def default_out(preset: str) -> Path:
 
 def cmd_build(args) -> None:
     from vq_gguf.native.build import build, build_sanitize
-    print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, jobs=args.jobs))
+    print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, rpc=args.rpc, jobs=args.jobs))
 
 
 def preset_from_args(args):
@@ -183,7 +183,7 @@ def cmd_chat(args) -> None:
     from vq_gguf.runtime.chat import run
     from vq_gguf.runtime.llama import SamplerConfig
     run(args.file, prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, n_ctx=args.ctx,
-        threads=args.threads, verbose=args.verbose,
+        threads=args.threads, verbose=args.verbose, rpc=args.rpc,
         sampler=SamplerConfig(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed))
 
 
@@ -194,9 +194,17 @@ def cmd_serve(args) -> None:
     from vq_gguf.runtime.server import check_bind
     check_model_file(args.file)   # before the build of llama-server
     check_bind(args.host, args.port, args.api_key, args.public_without_key)
-    build(server=True)  # a no-op when llama-server is built and up to date
+    build(server=True, rpc=bool(args.rpc))  # a no-op when llama-server is built and up to date
     run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads, api_key=args.api_key,
-        public_without_key=args.public_without_key)
+        public_without_key=args.public_without_key, rpc=args.rpc)
+
+
+def cmd_rpc_server(args) -> None:
+    from vq_gguf.native.build import build
+    from vq_gguf.runtime.rpc import check_bind, run
+    check_bind(args.host, args.port, args.private_network)
+    build(rpc=True)  # a no-op when rpc-server is built and up to date
+    run(host=args.host, port=args.port, threads=args.threads, private_network=args.private_network)
 
 
 def cmd_export(args) -> None:
@@ -246,6 +254,15 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
 
 def parse_bool(text: str) -> bool:
     return text.lower() in ("1", "true", "yes")
+
+
+def rpc_servers(text: str) -> list[str]:
+    """argparse type of --rpc: HOST:PORT,... (runtime/rpc.py)."""
+    from vq_gguf.runtime.rpc import parse_servers
+    try:
+        return parse_servers(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_config(text: str, base=None):
@@ -339,7 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("build", help="build the patched llama.cpp and the runtime bindings")
-    p.add_argument("--server", action="store_true")
+    p.add_argument("--server", action="store_true", help="also llama-server")
+    p.add_argument("--rpc", action="store_true", help="also the RPC backend and rpc-server (docs/rpc.md)")
     p.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (clang; docs/hardening.md)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=cmd_build)
@@ -403,6 +421,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context in tokens (default: 2048, or the model's training context if smaller)")
     p.add_argument("--threads", type=thread_count, default=None)
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    p.add_argument("--rpc", type=rpc_servers, default=None, metavar="HOST:PORT,...",
+                   help="run the layers on these `vq-gguf rpc-server`s (docs/rpc.md)")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("serve", help="serve a GGUF with the patched llama-server (OpenAI-compatible API)")
@@ -416,7 +436,18 @@ def main(argv: list[str] | None = None) -> None:
                         "required beyond loopback")
     p.add_argument("--public-without-key", action="store_true",
                    help="serve beyond loopback without an API key (anyone who can reach the port may use it)")
+    p.add_argument("--rpc", type=rpc_servers, default=None, metavar="HOST:PORT,...",
+                   help="run the layers on these `vq-gguf rpc-server`s (docs/rpc.md)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("rpc-server", help="lend this machine's memory and cores to a model run elsewhere "
+                                          "(llama.cpp's RPC backend; unauthenticated: private networks only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--threads", type=thread_count, default=None)
+    p.add_argument("--private-network", action="store_true",
+                   help="bind beyond loopback: RPC has no authentication, so only on a private network")
+    p.set_defaults(func=cmd_rpc_server)
 
     p = sub.add_parser("export", help="a folder with the GGUF, its model card and manifest; --bundle adds the "
                                       "patched libraries, llama.h and a C example")
