@@ -174,7 +174,7 @@ def build(server: bool = False, jobs: int | None = None, cuda_arch: str | None =
     opts = {"CMAKE_BUILD_TYPE:STRING": "Release", "VQ_BUILD_SERVER:BOOL": "ON" if server else "OFF",
             "VQ_RPC:BOOL": "ON" if rpc else "OFF",
             **(cuda.cmake_options(cuda_arch) if cuda_arch else {"VQ_CUDA:BOOL": "OFF"}), **(defines or {})}
-    targets = TARGETS + (["llama-server"] if server else []) + (["rpc-server"] if rpc else [])
+    targets = TARGETS + (["llama-server"] if server else []) + (["ggml-rpc-server"] if rpc else [])
     cmake_build(tree, build_dir(), opts, targets, jobs or os.cpu_count() or 2)
     if runtime:
         from vq_gguf.runtime import ffi_build

@@ -26,7 +26,7 @@ class RpcError(RuntimeError):
 
 def binary() -> Path:
     from vq_gguf.native.build import bin_dir
-    path = bin_dir() / "rpc-server"
+    path = bin_dir() / "ggml-rpc-server"   # llama.cpp's rpc-server
     if not path.exists():
         raise RpcError(f"{path} is not built: run `vq-gguf build --rpc`")
     return path

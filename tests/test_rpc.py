@@ -7,6 +7,7 @@ Needs `vq-gguf build --rpc` (make test runs it).
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -36,17 +37,18 @@ def perplexity(model, *extra: str, chunks: int = 3) -> subprocess.CompletedProce
 
 def final_ppl(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if "Final estimate: PPL" in line][0]
+    return re.findall(r"Final estimate: PPL = [0-9.]+ \+/- [0-9.]+", proc.stdout + proc.stderr)[0]
 
 
 def test_perplexity_through_two_rpc_servers_equals_local(ffn_down_file, servers):
     local = perplexity(ffn_down_file)
-    remote = perplexity(ffn_down_file, "--rpc", ",".join(s.endpoint for s in servers), "-ngl", "999")
+    remote = perplexity(ffn_down_file, "--rpc", ",".join(s.endpoint for s in servers), "-ngl", "999", "-lv", "4")
     assert final_ppl(remote) == final_ppl(local)
     log = remote.stdout + remote.stderr
-    assert "offloaded" in log and "layers to GPU" in log, log[-3000:]
+    done, total = re.findall(r"offloaded (\d+)/(\d+) layers", log)[0]
+    assert done == total, log[-3000:]
     for s in servers:   # each server holds part of the model, VQ tensors included
-        assert f"RPC0[{s.endpoint}]" in log or f"RPC[{s.endpoint}]" in log, log[-3000:]
+        assert re.search(rf"\[{re.escape(s.endpoint)}\] model buffer size = +[1-9]", log), log[-3000:]
 
 
 def test_runtime_logits_through_rpc_equal_local(ffn_down_file, servers):
@@ -60,13 +62,15 @@ def test_runtime_logits_through_rpc_equal_local(ffn_down_file, servers):
 def test_server_gone_midway_stops_the_run_with_an_error(ffn_down_file, tmp_path):
     with RpcServer(tmp_path / "a.log", port=free_port(), threads=1) as a, RpcServer(tmp_path / "b.log", port=free_port(), threads=1) as b:
         proc = subprocess.Popen([str(lib_dir() / "llama-perplexity"), "-m", str(ffn_down_file), "-f", str(EVAL_TEXT),
-                                 "-c", "128", "--chunks", "200", "-t", "2", "--rpc", f"{a.endpoint},{b.endpoint}",
+                                 "-c", "128", "-b", "128", "--chunks", "300", "-t", "2", "--rpc", f"{a.endpoint},{b.endpoint}",
                                  "-ngl", "999"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seen = []
-        for line in proc.stdout:   # until the first chunk's figure: the model is on the servers and running
+        for line in proc.stdout:   # until the model is on the servers and the chunks are being computed
             seen.append(line)
-            if line.startswith("[1]"):
+            if "calculating perplexity" in line:
                 break
+        time.sleep(2)
+        assert proc.poll() is None, "".join(seen)[-2000:]
         b.stop()
         start = time.monotonic()
         try:
