@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .server import is_loopback
+from .network import is_loopback
 
 DEFAULT_PORT = 50052
 READY_TIMEOUT_S = 60.0

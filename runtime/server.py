@@ -8,10 +8,8 @@ The key reaches llama-server through its environment, not its command line, whic
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from .llama import check_model_file
+from .network import is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -36,19 +35,6 @@ def binary() -> Path:
     if not path.exists():
         raise ServerError(f"{path} is not built: run `vq-gguf build --server`")
     return path
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback address (a name that does not resolve is not)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def check_bind(host: str, port: int, api_key: str | None, public_without_key: bool) -> None:

@@ -22,7 +22,8 @@ import pytest
 from tests import REPO
 from tests import tiny_model
 from tests.test_integrations import free_port
-from vq_gguf.runtime.server import Server, check_bind, is_loopback
+from vq_gguf.runtime.network import is_loopback
+from vq_gguf.runtime.server import Server, check_bind
 
 KEY = "test-key-5ba1"
 N_CTX = tiny_model.N_CTX
