@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF source (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--tensors", nargs="+", required=True, help="blk.N.NAME, e.g. blk.3.ffn_down")
-    ap.add_argument("--configs", nargs="+", default=[], help="comma-separated VPTQConfig settings")
+    ap.add_argument("--configs", nargs="+", default=[], help="comma-separated VQConfig settings")
     ap.add_argument("--files", nargs="+", default=[], metavar="LABEL=PATH", help="score the tensors as these GGUF files hold them")
     ap.add_argument("--calib-windows", type=int, default=32)
     ap.add_argument("--heldout-windows", type=int, default=4)
