@@ -20,6 +20,8 @@ typedef int32_t llama_token;
 typedef int32_t llama_pos;
 typedef int32_t llama_seq_id;
 typedef uint16_t ggml_fp16_t;
+typedef struct ggml_backend_reg * ggml_backend_reg_t;
+typedef struct ggml_backend_device * ggml_backend_dev_t;
 struct llama_model;
 struct llama_context;
 struct llama_vocab;
@@ -28,6 +30,7 @@ typedef struct llama_memory_i * llama_memory_t;
 enum llama_vocab_type { LLAMA_VOCAB_TYPE_NONE, ... };
 
 struct llama_model_params {
+    ggml_backend_dev_t * devices;
     int32_t n_gpu_layers;
     bool vocab_only;
     bool check_tensors;
@@ -126,7 +129,16 @@ bool ggml_vq_check_data(const struct ggml_vq_layout * layout, char * err, size_t
 
 void vq_log_setup(int verbose);
 const char * vq_log_text(void);
-int vq_add_rpc_server(const char * endpoint);
+enum ggml_backend_dev_type { GGML_BACKEND_DEVICE_TYPE_CPU, GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU, ... };
+ggml_backend_reg_t vq_add_rpc_server(const char * endpoint);
+ggml_backend_reg_t ggml_backend_reg_by_name(const char * name);
+const char * ggml_backend_reg_name(ggml_backend_reg_t reg);
+size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);
+size_t ggml_backend_dev_count(void);
+ggml_backend_dev_t ggml_backend_dev_get(size_t index);
+enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
+ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
 void vq_log_clear(void);
 """
 
@@ -172,24 +184,20 @@ static void vq_log_cb(enum ggml_log_level level, const char * text, void * user_
 
 void vq_log_setup(int verbose) { vq_log_verbose = verbose; llama_log_set(vq_log_cb, NULL); }
 
-/* an RPC server's devices, registered as llama.cpp's --rpc registers them (common/arg.cpp): 0, or -1 when the
-   build has no RPC backend (`vq-gguf build --rpc`), -2 when the server gives none */
-int vq_add_rpc_server(const char * endpoint) {
+/* the registry entry of an RPC server's devices, registered as llama.cpp's --rpc registers them
+   (common/arg.cpp); NULL when the build has no RPC backend (`vq-gguf build --rpc`) or the server offers none */
+ggml_backend_reg_t vq_add_rpc_server(const char * endpoint) {
     ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
     if (!rpc) {
-        return -1;
+        return NULL;
     }
     typedef ggml_backend_reg_t (*add_server_t)(const char * endpoint);
     add_server_t add = (add_server_t) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server");
-    if (!add) {
-        return -1;
+    ggml_backend_reg_t reg = add ? add(endpoint) : NULL;
+    if (reg) {
+        ggml_backend_register(reg);
     }
-    ggml_backend_reg_t reg = add(endpoint);
-    if (!reg) {
-        return -2;
-    }
-    ggml_backend_register(reg);
-    return 0;
+    return reg;
 }
 const char * vq_log_text(void) { return vq_log_buf; }
 void vq_log_clear(void) { vq_log_len = 0; vq_log_buf[0] = 0; }

@@ -105,21 +105,34 @@ class SamplerConfig:
             raise ValueError(f"seed must be an integer in [0, 2^32), not {self.seed!r}")
 
 
-_rpc_added: set[str] = set()   # llama.cpp's device registry is per process: each server is added once
+_rpc_regs: dict[str, object] = {}   # endpoint -> its devices' registry entry; llama.cpp's registry is per process
 
 
-def add_rpc_servers(lib, servers: list[str]) -> None:
+def add_rpc_servers(ffi, lib, servers: list[str]) -> None:
+    """Register each server's devices once per process (runtime/rpc.py checks that it answers first)."""
     from .rpc import RpcError, check_reachable
     check_reachable(servers)
+    if servers and lib.ggml_backend_reg_by_name(b"RPC") == ffi.NULL:
+        raise RpcError("this build has no RPC backend: run `vq-gguf build --rpc`")
     for s in servers:
-        if s in _rpc_added:
-            continue
-        status = lib.vq_add_rpc_server(s.encode())
-        if status == -1:
-            raise RpcError("this build has no RPC backend: run `vq-gguf build --rpc`")
-        if status:
-            raise RpcError(f"RPC server {s} offers no device")
-        _rpc_added.add(s)
+        if s not in _rpc_regs:
+            reg = lib.vq_add_rpc_server(s.encode())
+            if reg == ffi.NULL:
+                raise RpcError(f"RPC server {s} offers no device")
+            _rpc_regs[s] = reg
+
+
+def model_devices(ffi, lib, servers: list[str]):
+    """llama_model_params.devices as llama.cpp's default picks them, but of the RPC servers only `servers`: the
+    registry keeps every server added in this process, and one that has gone away aborts any load that asks it
+    for its memory. NULL-terminated; keep it alive until the model is loaded."""
+    rpc = [lib.ggml_backend_reg_dev_get(_rpc_regs[s], i) for s in servers
+           for i in range(lib.ggml_backend_reg_dev_count(_rpc_regs[s]))]
+    local = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+    local = [d for d in local if not ffi.string(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(d))).startswith(b"RPC")]
+    gpus = [d for d in local if lib.ggml_backend_dev_type(d) == lib.GGML_BACKEND_DEVICE_TYPE_GPU]
+    igpus = [d for d in local if lib.ggml_backend_dev_type(d) == lib.GGML_BACKEND_DEVICE_TYPE_IGPU]
+    return ffi.new("ggml_backend_dev_t[]", rpc + (gpus or igpus) + [ffi.NULL])
 
 
 DEFAULT_CTX = 2048  # tokens, or the model's training context if that is smaller
@@ -147,8 +160,11 @@ class Model:
         mp = self.lib.llama_model_default_params()
         mp.n_gpu_layers = 0
         if rpc:
-            add_rpc_servers(self.lib, rpc)
+            add_rpc_servers(self.ffi, self.lib, rpc)
             mp.n_gpu_layers = 999   # every layer on the RPC devices
+        if _rpc_regs:
+            self._devices = model_devices(self.ffi, self.lib, rpc or [])
+            mp.devices = self._devices
         mp.check_tensors = check_tensors
         mp.vocab_only = vocab_only
         self.ctx = None
