@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .network import is_loopback
+from .process import LoggedProcess
 
 DEFAULT_PORT = 50052
 READY_TIMEOUT_S = 60.0
@@ -64,53 +63,27 @@ def check_bind(host: str, port: int, private_network: bool) -> None:
                          "of a private network only, and say so with --private-network")
 
 
-class RpcServer:
+class RpcServer(LoggedProcess):
     """A running rpc-server (CPU backend) whose output goes to `log_path`; a context manager that waits until
     it accepts connections and stops it on exit."""
+    error, name = RpcError, "rpc-server"
 
     def __init__(self, log_path: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  threads: int | None = None, private_network: bool = False):
         check_bind(host, port, private_network)
         self.endpoint = f"{host}:{port}"
-        self.log_path = Path(log_path)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd = [str(binary()), "--host", host, "--port", str(port), "--threads", str(threads or os.cpu_count() or 1)]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        super().__init__([str(binary()), "--host", host, "--port", str(port),
+                          "--threads", str(threads or os.cpu_count() or 1)], log_path)
+
+    def ready(self) -> bool:
+        try:
+            check_reachable([self.endpoint], timeout=1)
+            return True
+        except RpcError:
+            return False
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "RpcServer":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RpcError(f"rpc-server exited with code {self.proc.returncode}{self._log_tail()}")
-            try:
-                check_reachable([self.endpoint], timeout=1)
-                return self
-            except RpcError:
-                time.sleep(0.2)
-        self.stop()
-        raise RpcError(f"rpc-server did not listen on {self.endpoint} after {timeout:.0f} s{self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        self._log.flush()
-        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
-        return f"; the end of {self.log_path}:\n{tail}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self) -> "RpcServer":
-        return self.wait_ready()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return super().wait_ready(timeout)
 
 
 def run(*, host: str, port: int, threads: int | None, private_network: bool) -> None:

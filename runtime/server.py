@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from .llama import check_model_file
 from .network import is_loopback
+from .process import LoggedProcess
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -56,9 +55,10 @@ def command(model: Path, *, host: str, port: int, n_ctx: int, threads: int | Non
             *(["--rpc", ",".join(rpc), "-ngl", "999"] if rpc else [])]
 
 
-class Server:
+class Server(LoggedProcess):
     """A running llama-server whose output goes to `log_path`; a context manager that waits until it is ready
     and stops it on exit."""
+    error, name = ServerError, "llama-server"
 
     def __init__(self, model: str | os.PathLike, log_path: Path, *, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, n_ctx: int = 2048, threads: int | None = None,
@@ -71,52 +71,21 @@ class Server:
         self.base = f"http://{host}:{port}"
         self.url = f"{self.base}/v1"
         self.model_name = model.name
-        self.log_path = Path(log_path)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd = command(model, host=host, port=port, n_ctx=n_ctx, threads=threads, rpc=rpc)
-        self._log = open(self.log_path, "wb")
         env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}  # only the key given here
         if api_key:
             env["LLAMA_API_KEY"] = api_key
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env)
+        super().__init__(command(model, host=host, port=port, n_ctx=n_ctx, threads=threads, rpc=rpc), log_path, env)
+
+    def ready(self) -> bool:
+        """/health answers 200: the model is loaded."""
+        try:
+            with urllib.request.urlopen(f"{self.base}/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "Server":
-        """Block until /health answers 200 (the model is loaded); raise if the process exits or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"llama-server exited with code {self.proc.returncode}{self._log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerError(f"llama-server was not ready after {timeout:.0f} s{self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        self._log.flush()
-        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
-        return f"; the end of {self.log_path}:\n{tail}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self) -> "Server":
-        return self.wait_ready()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return super().wait_ready(timeout)
 
 
 def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None, api_key: str | None = None,
