@@ -58,7 +58,6 @@ typedef struct llama_batch {
     llama_seq_id ** seq_id;
     int8_t       *  logits;
 } llama_batch;
-typedef struct llama_chat_message { const char * role; const char * content; } llama_chat_message;
 
 void llama_backend_init(void);
 struct llama_model_params   llama_model_default_params(void);
@@ -81,12 +80,12 @@ bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
 enum llama_vocab_type llama_vocab_type(const struct llama_vocab * vocab);
 llama_token llama_vocab_bos(const struct llama_vocab * vocab);
 llama_token llama_vocab_eos(const struct llama_vocab * vocab);
+bool llama_vocab_get_add_bos(const struct llama_vocab * vocab);
+bool llama_vocab_get_add_eos(const struct llama_vocab * vocab);
 int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
 int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token, char * buf, int32_t length,
                              int32_t lstrip, bool special);
-int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
-                                  bool add_ass, char * buf, int32_t length);
 struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
 void llama_batch_free(struct llama_batch batch);
 int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);

@@ -260,27 +260,22 @@ class Model:
         return None if t == self.ffi.NULL else self.ffi.string(t).decode()
 
     def apply_chat_template(self, messages: Sequence[dict], add_assistant: bool = True) -> str:
-        """The model's own chat template applied to [{"role": ..., "content": ...}] (llama.cpp's built-in matcher)."""
+        """The model's own chat template (Jinja) applied to [{"role": ..., "content": ...}] as llama-server applies
+        it (chat_template.py); tokenize the result with add_special=True, as llama-server does."""
+        from .chat_template import TemplateError, render
         tmpl = self.chat_template
         if tmpl is None:
             raise LlamaError("the model has no chat template (tokenizer.chat_template)")
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        chat = self.ffi.new("llama_chat_message[]", len(keep))
-        owned = []
-        for i, (role, content) in enumerate(keep):
-            r, c = self.ffi.new("char[]", role), self.ffi.new("char[]", content)
-            owned += [r, c]
-            chat[i].role, chat[i].content = r, c
-        size = 2 * sum(len(r) + len(c) for r, c in keep) + 256
-        for _ in range(2):
-            buf = self.ffi.new("char[]", size)
-            n = self.lib.llama_chat_apply_template(tmpl.encode(), chat, len(keep), add_assistant, buf, size)
-            if n < 0:
-                raise LlamaError("llama.cpp does not recognise this model's chat template")
-            if n <= size:
-                return self.ffi.buffer(buf, n)[:].decode("utf-8", "replace")
-            size = n
-        raise LlamaError("chat template output kept growing")
+
+        def text(token: int) -> str:
+            return "" if token < 0 else self.token_bytes(token, special=True).decode("utf-8", "replace")
+        try:
+            return render(tmpl, messages, bos_token=text(self.lib.llama_vocab_bos(self.vocab)),
+                          eos_token=text(self.lib.llama_vocab_eos(self.vocab)),
+                          add_bos=bool(self.lib.llama_vocab_get_add_bos(self.vocab)),
+                          add_eos=bool(self.lib.llama_vocab_get_add_eos(self.vocab)), add_generation_prompt=add_assistant)
+        except TemplateError as e:
+            raise LlamaError(str(e)) from e
 
     # --- decoding --------------------------------------------------------------------------------------
 
@@ -393,7 +388,7 @@ class Chat:
     def send(self, text: str, max_tokens: int = 256) -> Iterator[str]:
         self.messages.append({"role": "user", "content": text})
         prompt = self.model.apply_chat_template(self.messages, add_assistant=True)
-        tokens = self.model.tokenize(prompt, add_special=False, parse_special=True)
+        tokens = self.model.tokenize(prompt, add_special=True, parse_special=True)
         reply = []
         for piece in self.model.generate(tokens, max_tokens=max_tokens, sampler=self.sampler):
             reply.append(piece)

@@ -47,12 +47,30 @@ def check_bind(host: str, port: int, api_key: str | None, public_without_key: bo
                          "or --public-without-key to serve anyone who can reach it")
 
 
+# options that `vq-gguf serve` sets itself (the API key through the environment): not accepted after --
+OWN_OPTIONS = ("-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads", "--alias", "-a",
+               "--api-key", "--api-key-file", "--rpc", "-ngl", "--gpu-layers", "--n-gpu-layers", "-np", "--parallel")
+
+
+def check_extra(extra: list[str]) -> list[str]:
+    """llama-server options passed through: refused where `vq-gguf serve` has its own option for them."""
+    own = [a for a in extra if a.split("=")[0] in OWN_OPTIONS]
+    if own:
+        raise ValueError(f"{', '.join(own)}: give these as vq-gguf serve's own options (before --), not to llama-server")
+    return extra
+
+
 def command(model: Path, *, host: str, port: int, n_ctx: int, threads: int | None, alias: str | None = None,
-            rpc: list[str] | None = None) -> list[str]:
-    """llama-server's command line; with `rpc`, every layer on those rpc-servers (runtime/rpc.py)."""
+            rpc: list[str] | None = None, gpu_layers: int | None = None, parallel: int | None = None,
+            extra: list[str] | None = None) -> list[str]:
+    """llama-server's command line; with `rpc`, every layer on those rpc-servers (runtime/rpc.py) unless
+    gpu_layers says otherwise; `extra`: further llama-server options (check_extra)."""
+    if gpu_layers is None and rpc:
+        gpu_layers = 999
     return [str(binary()), "-m", str(model), "--host", host, "--port", str(port), "-c", str(n_ctx),
             "-t", str(threads or os.cpu_count() or 1), "--alias", alias or Path(model).name, "--no-webui", "--jinja",
-            *(["--rpc", ",".join(rpc), "-ngl", "999"] if rpc else [])]
+            *(["--rpc", ",".join(rpc)] if rpc else []), *(["-ngl", str(gpu_layers)] if gpu_layers is not None else []),
+            *(["--parallel", str(parallel)] if parallel is not None else []), *check_extra(extra or [])]
 
 
 class Server(LoggedProcess):
@@ -62,7 +80,8 @@ class Server(LoggedProcess):
 
     def __init__(self, model: str | os.PathLike, log_path: Path, *, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, n_ctx: int = 2048, threads: int | None = None,
-                 api_key: str | None = None, public_without_key: bool = False, rpc: list[str] | None = None):
+                 api_key: str | None = None, public_without_key: bool = False, rpc: list[str] | None = None,
+                 gpu_layers: int | None = None, parallel: int | None = None, extra: list[str] | None = None):
         model = check_model_file(model)
         check_bind(host, port, api_key, public_without_key)
         if rpc:
@@ -74,7 +93,8 @@ class Server(LoggedProcess):
         env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}  # only the key given here
         if api_key:
             env["LLAMA_API_KEY"] = api_key
-        super().__init__(command(model, host=host, port=port, n_ctx=n_ctx, threads=threads, rpc=rpc), log_path, env)
+        super().__init__(command(model, host=host, port=port, n_ctx=n_ctx, threads=threads, rpc=rpc,
+                                 gpu_layers=gpu_layers, parallel=parallel, extra=extra), log_path, env)
 
     def ready(self) -> bool:
         """/health answers 200: the model is loaded."""
@@ -89,14 +109,16 @@ class Server(LoggedProcess):
 
 
 def run(model: str, *, host: str, port: int, n_ctx: int, threads: int | None, api_key: str | None = None,
-        public_without_key: bool = False, rpc: list[str] | None = None) -> None:
+        public_without_key: bool = False, rpc: list[str] | None = None, gpu_layers: int | None = None,
+        parallel: int | None = None, extra: list[str] | None = None) -> None:
     """Start the server, say where it listens, and keep it in the foreground until Ctrl-C or until it exits."""
     from vq_gguf.paths import home
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` too stops llama-server, through the finally below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even when started from a shell's background job,
                                                               # which inherits SIGINT ignored
     server = Server(model, home() / "logs" / f"llama-server-{port}.log", host=host, port=port, n_ctx=n_ctx,
-                    threads=threads, api_key=api_key, public_without_key=public_without_key, rpc=rpc)
+                    threads=threads, api_key=api_key, public_without_key=public_without_key, rpc=rpc,
+                    gpu_layers=gpu_layers, parallel=parallel, extra=extra)
     auth = " -H 'Authorization: Bearer $VQ_GGUF_API_KEY'" if api_key else ""
     try:
         server.wait_ready()

@@ -42,6 +42,9 @@ fi
 echo "[setup] installing vq-gguf from $(pwd)"
 $PY -m pip install -q -e ".${TEST:+[test]}"
 if [ -n "$TEST" ]; then
+    # microsoft/VPTQ's own package, the reference for `import-vptq` (tests/test_import_vptq.py): test-only and
+    # without its requirements (gradio, datasets, pynvml…), of which the tests need only the [test] extra's
+    $PY -m pip install -q --no-deps "vptq==0.0.5.post1"
     # nvcc and cuBLAS's headers for the CUDA compile check (tests/test_cuda_compile.py); no GPU needed
     $PY -m vq_gguf.native.cuda setup
 fi

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 from tests import tiny_model
-from vq_gguf import ggml_vq
+from vq_gguf import ggml_vq, gguf_writer
+from vq_gguf.source import KV
 from vq_gguf.vqtensor import Shared, VQTensor
 
 Q = "blk.0.attn_q.weight"       # v4, K1 16 + K2 16, 2 groups, every side tensor
@@ -60,6 +61,15 @@ def tiny(weight: str | None = None, edit=None, links=None, **fields) -> Callable
             if edit or links:
                 vq[weight] = Edited(vq[weight], edit or (lambda ts: ts), links)
         tiny_model.write(path, vq)
+    return make
+
+
+def rope_key(arch: str, value, vtype: GGUFValueType) -> Callable[[Path], None]:
+    """The tiny model as architecture `arch` with the key vq.rope_neox (format.md §1) set to `value`."""
+    def make(path: Path) -> None:
+        src = tiny_model.source(arch)
+        src.metadata.append(KV(ggml_vq.ROPE_NEOX_KEY, value, vtype))
+        gguf_writer.write(path, src, vq=tiny_model.vq_tensors(), other_type="f32")
     return make
 
 
@@ -213,6 +223,11 @@ def corpus() -> list[Case]:
         Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version of type int32", raw(set_format_version("i", (5, 1))), ("format version",)),
+        # the rope order of imported q and k weights
+        Case("the valid file with q and k in Hugging Face's row order", rope_key("llama", True, GGUFValueType.BOOL), None),
+        Case("rope order key of type string", rope_key("llama", "yes", GGUFValueType.STRING), ("vq.rope_neox", "not a bool")),
+        Case("rope order key on an architecture rotated NEOX-style", rope_key("qwen2", True, GGUFValueType.BOOL),
+             ("vq.rope_neox", "adjacent pairs")),
         # type ids
         # ids with no type behind them (below the VQ rates, the gap before them) are named as numbers
         *[Case(f"type id {t} on {Q}", raw(pack("<I", lambda lay: lay.type_at(Q), t)), (Q, f"type {t} (unknown type id)"))

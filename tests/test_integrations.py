@@ -25,21 +25,27 @@ from vq_gguf.native.build import bin_dir, tree_dir
 from vq_gguf.native.wheel import build_wheel, check
 
 PROMPT = "What is the capital of France?"
-SYSTEM = "You are a helpful assistant."  # explicit: SmolLM2's Jinja template adds its own system turn when none is given
-MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
+MESSAGES = [{"role": "user", "content": PROMPT}]   # SmolLM2's template adds its own system turn: both must render it
+# the C example renders with libllama's built-in template matcher (the C API has no Jinja), which knows no default
+# system turn: it is given one explicitly, and so is its reference
+SYSTEM = "You are a helpful assistant."
 N_TOKENS = 24
 THREADS = 2
 
 
-@pytest.fixture(scope="module")
-def reference(ffn_down_file) -> str:
+def chat_answer(model: Path, *system: str) -> str:
     """The answer of `vq-gguf chat` (greedy by default), as the command prints it."""
-    proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "chat", str(ffn_down_file), "--prompt", PROMPT,
-                           "--system", SYSTEM, "--max-tokens", str(N_TOKENS), "--threads", str(THREADS)],
+    proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "chat", str(model), "--prompt", PROMPT,
+                           "--max-tokens", str(N_TOKENS), "--threads", str(THREADS), *(["--system", *system] if system else [])],
                           cwd=REPO, capture_output=True, text=True, check=True)
     answer = proc.stdout.removesuffix("\n")
     assert len(answer) > 10
     return answer
+
+
+@pytest.fixture(scope="module")
+def reference(ffn_down_file) -> str:
+    return chat_answer(ffn_down_file)
 
 
 def decodable(text: str) -> str:
@@ -61,7 +67,7 @@ def served(ffn_down_file):
     """`vq-gguf serve` running in the background: (its process, the endpoint it printed, its port)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vq_gguf.cli", "serve", str(ffn_down_file), "--port", str(port),
-                             "--threads", str(THREADS)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--threads", str(THREADS), "--parallel", str(SLOTS), "--", "--temp", str(DEFAULT_TEMP)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     printed = []
     for line in proc.stdout:
@@ -78,6 +84,28 @@ def served(ffn_down_file):
 @pytest.fixture(scope="module")
 def url(served) -> str:
     return served[1]
+
+
+CONVERSATIONS = [MESSAGES, [{"role": "system", "content": "Answer in one word."}, *MESSAGES],
+                 [*MESSAGES, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]]
+
+
+def test_chat_renders_the_template_as_llama_server_does(url, ffn_down_file):
+    from vq_gguf.runtime.llama import Model
+    with Model(ffn_down_file, n_ctx=256) as m:
+        for messages in CONVERSATIONS:
+            with post(url.removesuffix("/v1") + "/apply-template", {"messages": messages}) as r:
+                assert m.apply_chat_template(messages) == json.load(r)["prompt"]
+
+
+SLOTS, DEFAULT_TEMP = 2, 0.25   # --parallel, and an option after -- that llama-server takes as it is
+
+
+def test_serve_passes_llama_server_options(url):
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/props", timeout=60) as r:
+        props = json.load(r)
+    assert props["total_slots"] == SLOTS
+    assert props["default_generation_settings"]["params"]["temperature"] == pytest.approx(DEFAULT_TEMP)
 
 
 # cache_prompt off: a server that kept the previous request's prompt re-decodes only its last token, through
@@ -188,7 +216,7 @@ def app(exported, tmp_path_factory) -> Path:
     return moved
 
 
-def test_bundle_c_example(app, ffn_down_file, reference):
+def test_bundle_c_example(app, ffn_down_file):
     loaded = subprocess.run(["ldd", "generate"], cwd=app, capture_output=True, text=True, check=True).stdout
     ours = [Path(line.split("=>")[1].split("(")[0].strip()).resolve() for line in loaded.splitlines()
             if "libllama" in line or "libggml" in line]
@@ -196,7 +224,7 @@ def test_bundle_c_example(app, ffn_down_file, reference):
     proc = subprocess.run(["./generate", ffn_down_file.name, PROMPT, str(N_TOKENS), SYSTEM], cwd=app,
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert decodable(proc.stdout.decode("utf-8", errors="replace").removesuffix("\n")) == decodable(reference)
+    assert decodable(proc.stdout.decode("utf-8", errors="replace").removesuffix("\n")) == decodable(chat_answer(ffn_down_file, SYSTEM))
 
 
 def test_c_example_reports_a_bad_model(app, tmp_path):

@@ -101,7 +101,8 @@ def test_check_bind():
 
 
 @pytest.mark.parametrize("args, message", [(["--host", "0.0.0.0"], "reachable beyond this machine"),
-                                           (["--port", "70000"], "port 70000")])
+                                           (["--port", "70000"], "port 70000"),
+                                           (["--", "--port", "1"], "as vq-gguf serve's own options")])
 def test_serve_refuses_before_starting(tmp_path, args, message):
     model = tiny_model.write(tmp_path / "tiny.gguf")
     proc = subprocess.run([sys.executable, "-m", "vq_gguf.cli", "serve", str(model), *args], cwd=REPO,

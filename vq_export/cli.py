@@ -83,6 +83,18 @@ def cmd_quantize(args) -> Path:
     return path
 
 
+def cmd_import_vptq(args) -> Path:
+    from .import_vptq import import_checkpoint
+    from vq_gguf.native.build import build, tree_dir
+
+    build()   # the pinned converter, and the loader that checks the result
+    path = import_checkpoint(args.checkpoint, args.out, llama_tree=tree_dir(), other_type=args.other_type, progress=True)
+    if not args.no_load:
+        check_loads(path)
+    print(describe(path))
+    return path
+
+
 def cmd_selfgen(args) -> None:
     from .selfgen import generate
     from .source import load_model
@@ -191,12 +203,14 @@ def cmd_serve(args) -> None:
     from vq_gguf.native.build import build
     from vq_gguf.runtime.server import run
     from vq_gguf.runtime.llama import check_model_file
-    from vq_gguf.runtime.server import check_bind
+    from vq_gguf.runtime.server import check_bind, check_extra
     check_model_file(args.file)   # before the build of llama-server
     check_bind(args.host, args.port, args.api_key, args.public_without_key)
+    check_extra(args.llama_server_args)
     build(server=True, rpc=bool(args.rpc))  # a no-op when llama-server is built and up to date
     run(args.file, host=args.host, port=args.port, n_ctx=args.ctx, threads=args.threads, api_key=args.api_key,
-        public_without_key=args.public_without_key, rpc=args.rpc)
+        public_without_key=args.public_without_key, rpc=args.rpc, gpu_layers=args.gpu_layers, parallel=args.parallel,
+        extra=args.llama_server_args)
 
 
 def cmd_rpc_server(args) -> None:
@@ -369,6 +383,15 @@ def main(argv: list[str] | None = None) -> None:
     add_quantize(p)
     p.set_defaults(func=cmd_quantize)
 
+    p = sub.add_parser("import-vptq", help="convert a checkpoint published in microsoft/VPTQ's format to VQ-GGUF, "
+                                          "exactly (docs/format.md §8) or not at all")
+    p.add_argument("checkpoint", help="the checkpoint's folder (config.json with quant_method vptq, safetensors, tokenizer)")
+    p.add_argument("--out", required=True, help="output GGUF")
+    p.add_argument("--other-type", choices=("f32", "f16", "q8_0"), default="f16",
+                   help="type of the tensors VPTQ keeps in float: embeddings, output head (default: %(default)s)")
+    p.add_argument("--no-load", action="store_true", help=NO_LOAD_HELP)
+    p.set_defaults(func=cmd_import_vptq)
+
     p = sub.add_parser("selfgen", help="calibration text sampled from the model itself (for --calib)")
     p.add_argument("--model", default="default", help="the float model (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="output .txt")
@@ -425,12 +448,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="run the layers on these `vq-gguf rpc-server`s (docs/rpc.md)")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("serve", help="serve a GGUF with the patched llama-server (OpenAI-compatible API)")
+    p = sub.add_parser("serve", help="serve a GGUF with the patched llama-server (OpenAI-compatible API)",
+                       usage="vq-gguf serve FILE [options] [-- llama-server options]",
+                       description="Options after -- go to llama-server as they are (e.g. -- --flash-attn on --temp 0.7).")
     p.add_argument("file")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("-c", "--ctx", "--ctx-size", type=int, default=2048, help="context in tokens, shared by the slots")
     p.add_argument("--threads", type=thread_count, default=None)
+    p.add_argument("-ngl", "--gpu-layers", type=int, default=None,
+                   help="layers on the GPU of a CUDA build (llama-server's -ngl; default: its own)")
+    p.add_argument("-np", "--parallel", type=int, default=None, help="requests served at once (llama-server's slots)")
     p.add_argument("--api-key", default=os.environ.get("VQ_GGUF_API_KEY"),
                    help="requests must carry 'Authorization: Bearer KEY' (default: $VQ_GGUF_API_KEY); "
                         "required beyond loopback")
@@ -483,7 +511,12 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_arguments(p)
     p.set_defaults(func=demo.run)
 
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)   # what follows -- is llama-server's (serve only)
+    args = ap.parse_args(argv[:cut])
+    args.llama_server_args = argv[cut + 1:]
+    if args.llama_server_args and args.cmd != "serve":
+        ap.error(f"options after -- are llama-server's: only `vq-gguf serve` takes them, not `vq-gguf {args.cmd}`")
     try:
         args.func(args)
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # bad input, unwritable output, llama.cpp's refusals

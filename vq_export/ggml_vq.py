@@ -18,6 +18,7 @@ METHOD_KEY = "vq.method"
 PRESET_KEY = "vq.preset"
 INPUTS_KEY = "vq.inputs"  # hash of what the file was made from, to reuse it when nothing changed
 FINETUNE_KEY = "vq.finetune"  # how the codebooks and norms were fine-tuned end to end, if they were
+ROPE_NEOX_KEY = "vq.rope_neox"  # q and k rows in Hugging Face's order: llama.cpp rotates them NEOX-style (format.md §1)
 FTYPE_MOSTLY_VQ = 200  # llama_ftype LLAMA_FTYPE_MOSTLY_VQ
 
 TYPE_BASE = 200

@@ -40,6 +40,22 @@ static std::string vq_link(const gguf_context * meta, const std::string & sname,
     return target;
 }
 
+void llama_vq_sides::load_rope_order(const llama_model_loader & ml, llama_rope_type arch_rope_type) {
+    static const char * key = "vq.rope_neox";
+    const int64_t kid = gguf_find_key(ml.metadata, key);
+    if (kid < 0) {
+        return;
+    }
+    if (gguf_get_kv_type(ml.metadata, kid) != GGUF_TYPE_BOOL) {
+        throw std::runtime_error(format("key '%s' is not a bool", key));
+    }
+    rope_neox = gguf_get_val_bool(ml.metadata, kid);
+    if (rope_neox && arch_rope_type != LLAMA_ROPE_TYPE_NORM) {
+        throw std::runtime_error(format("key '%s' is only defined for architectures rotated in adjacent pairs "
+                "(rope type %d), not rope type %d", key, LLAMA_ROPE_TYPE_NORM, arch_rope_type));
+    }
+}
+
 void llama_vq_sides::load(llama_model_loader & ml) {
     std::unordered_set<std::string> side_names;
     std::unordered_set<std::string> links_used;
