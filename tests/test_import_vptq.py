@@ -49,9 +49,11 @@ def hf_model(arch: str, default_gguf, out):
 
 @pytest.fixture(scope="module", params=["llama", "olmo2"])
 def imported(request, default_gguf, tmp_path_factory):
-    """(checkpoint folder, imported GGUF) for a tiny model of each architecture with EVERY_OPTION."""
+    """(checkpoint folder, imported GGUF) for a tiny model of each architecture with EVERY_OPTION (olmo2's settings
+    given per kind, llama's per linear)."""
     folder = tmp_path_factory.mktemp(f"vptq-{request.param}")
-    ckpt = vc.make(hf_model(request.param, default_gguf, folder / "hf"), folder / "vptq", EVERY_OPTION)
+    ckpt = vc.make(hf_model(request.param, default_gguf, folder / "hf"), folder / "vptq", EVERY_OPTION,
+                   shared=request.param == "olmo2")
     return ckpt, import_checkpoint(ckpt, folder / "imported.gguf", llama_tree=tree_dir(), other_type="f32")
 
 

@@ -77,9 +77,10 @@ def random_layer(args: dict, gen: torch.Generator, dtype: torch.dtype):
 
 
 def make(hf_dir: Path, out: Path, layouts: dict[str, Layout], *, seed: int = 0,
-         dtype: torch.dtype = torch.float32) -> Path:
+         dtype: torch.dtype = torch.float32, shared: bool = False) -> Path:
     """`hf_dir`'s model with each block linear whose name ends in a key of `layouts` (q_proj, down_proj…)
-    replaced by a random VQuantLinear of that layout, saved as a VPTQ checkpoint in `out`."""
+    replaced by a random VQuantLinear of that layout, saved as a VPTQ checkpoint in `out`; the settings per
+    linear by full name (`config_for_layers`) or, `shared`, once per kind (`shared_layer_config`)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
     gen = torch.Generator().manual_seed(seed)
@@ -97,7 +98,8 @@ def make(hf_dir: Path, out: Path, layouts: dict[str, Layout], *, seed: int = 0,
         state.pop("lm_head.weight", None)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((hf_dir / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "vptq", "config_for_layers": config_for_layers}
+    config["quantization_config"] = {"quant_method": "vptq", "config_for_layers": config_for_layers} if not shared else {
+        "quant_method": "vptq", "shared_layer_config": {n.rpartition(".")[2]: c for n, c in config_for_layers.items()}}
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for f in hf_dir.iterdir():
