@@ -15,4 +15,5 @@ demo: setup
 test: setup-test
 	vq-gguf build --server --rpc
 	vq-gguf build --sanitize
+	vq-gguf build --cross aarch64
 	$(PY) -m pytest -q

@@ -4,6 +4,7 @@
     python -m vq_gguf.native.build --server   # also llama-server
     python -m vq_gguf.native.build --cuda --cuda-arch 90   # with the CUDA backend (docs/cuda.md)
     python -m vq_gguf.native.build --sanitize # the hardening build: ASan/UBSan + libFuzzer (clang), docs/hardening.md
+    python -m vq_gguf.native.build --cross aarch64   # the kernel test for Arm (cross-compiled; run it under qemu-user)
 
 Steps (each skipped when its inputs have not changed):
 1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
@@ -43,6 +44,7 @@ OWN_FILES = {
     "ggml/vq-cpu-impl.h": "ggml/src/ggml-cpu/vq-cpu-impl.h",
     "ggml/vq-cpu-avx2.c": "ggml/src/ggml-cpu/vq-cpu-avx2.c",
     "ggml/vq-cpu-avx512.c": "ggml/src/ggml-cpu/vq-cpu-avx512.c",
+    "ggml/vq-cpu-neon.c": "ggml/src/ggml-cpu/vq-cpu-neon.c",
     "ggml/vq-cpu-cent.inc": "ggml/src/ggml-cpu/vq-cpu-cent.inc",
     "ggml/vq-cuda.cuh": "ggml/src/ggml-cuda/vq-cuda.cuh",
     "ggml/vq-cuda.cu": "ggml/src/ggml-cuda/vq-cuda.cu",
@@ -53,6 +55,8 @@ TARGETS = ["llama", "llama-quantize", "llama-perplexity", "llama-imatrix", "llam
 # the sanitizer build: static libraries with ASan, UBSan and fuzzing coverage, the loader driver, the fuzz harnesses
 SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-file", "fuzz-vq-matmul"]
 SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
+# cross builds of the kernel test: architecture -> Debian's cross compilers (gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
+CROSS = {"aarch64": ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")}
 
 
 def tree_dir() -> Path:
@@ -69,6 +73,10 @@ def bin_dir() -> Path:
 
 def sanitize_bin_dir() -> Path:
     return home() / "build-asan" / "bin"
+
+
+def cross_bin_dir(arch: str) -> Path:
+    return home() / f"build-{arch}" / "bin"
 
 
 def log(msg: str) -> None:
@@ -139,11 +147,11 @@ def cmake_build(tree: Path, build: Path, opts: dict[str, str], targets: list[str
         log(f"the build folder was configured from another checkout or install; reconfiguring it for {NATIVE}")
         cache.unlink()
         shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
-    opts = {"VQ_LLAMA_SOURCE_DIR:PATH": str(tree), **opts}
+    opts = {"VQ_LLAMA_SOURCE_DIR:PATH": str(tree), "GGML_NATIVE:BOOL": "ON", **opts}
     if not cache.exists() or any(f"{k}={v}\n" not in cache.read_text() for k, v in opts.items()):
         log(f"configuring {build}")
         subprocess.run(["cmake", "-S", str(NATIVE), "-B", str(build), "-G", "Ninja", *(f"-D{k}={v}" for k, v in opts.items()),
-                        "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
+                        "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
                        check=True, stdout=subprocess.DEVNULL, env=env)
     log(f"building {' '.join(targets)} with {jobs} jobs")
     subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True, env=env)
@@ -195,11 +203,31 @@ def build_sanitize(jobs: int | None = None) -> Path:
     return sanitize_bin_dir()
 
 
+def build_cross(arch: str, jobs: int | None = None) -> Path:
+    """The kernel test test-vq-matmul and its ggml libraries for another architecture, in $VQ_GGUF_HOME/build-ARCH
+    (for the CPU the architecture's baseline: no GGML_NATIVE); returns its bin/. Run it with qemu-user:
+    `qemu-aarch64 -L /usr/aarch64-linux-gnu bin/test-vq-matmul random` (tests/test_kernels.py)."""
+    if arch not in CROSS:
+        raise SystemExit(f"no cross build for {arch!r} (known: {', '.join(CROSS)})")
+    cc, cxx = CROSS[arch]
+    if shutil.which(cc) is None or shutil.which(cxx) is None:
+        raise SystemExit(f"missing {cc} / {cxx} (Debian: apt-get install gcc-{arch}-linux-gnu g++-{arch}-linux-gnu)")
+    ensure_tools()
+    tree = prepare_tree(fetch_sdist())
+    opts = {"CMAKE_BUILD_TYPE:STRING": "Release", "GGML_NATIVE:BOOL": "OFF", "CMAKE_SYSTEM_NAME:STRING": "Linux",
+            "CMAKE_SYSTEM_PROCESSOR:STRING": arch, "CMAKE_C_COMPILER:FILEPATH": shutil.which(cc),
+            "CMAKE_CXX_COMPILER:FILEPATH": shutil.which(cxx), "GGML_OPENMP:BOOL": "OFF"}
+    cmake_build(tree, cross_bin_dir(arch).parent, opts, ["test-vq-matmul"], jobs or os.cpu_count() or 2)
+    return cross_bin_dir(arch)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="store_true", help="also build llama-server")
     ap.add_argument("--rpc", action="store_true", help="also build the RPC backend and rpc-server (docs/rpc.md)")
     ap.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (build-asan)")
+    ap.add_argument("--cross", choices=sorted(CROSS), default=None,
+                    help="only the kernel test for this architecture (build-ARCH; run under qemu-user)")
     ap.add_argument("--cuda", action="store_true", help="build the CUDA backend (needs nvcc and cuBLAS)")
     ap.add_argument("--cuda-arch", default="90", help="CUDA architectures, CMake syntax (default 90: Hopper)")
     ap.add_argument("--cuda-check", action="store_true",
@@ -212,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.sanitize:
         print(build_sanitize(jobs=args.jobs))
+        return
+    if args.cross:
+        print(build_cross(args.cross, jobs=args.jobs))
         return
     if args.cuda_check:
         from vq_gguf.native import cuda

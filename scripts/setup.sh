@@ -28,6 +28,10 @@ fi
 if [ -n "$TEST" ] && { ! command -v clang-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null 2>&1; }; then
     apt_install clang-14 libclang-rt-14-dev
 fi
+# the Arm kernels are tested on this x86 machine: cross-compiled, run under qemu-user (tests/test_kernels.py)
+if [ -n "$TEST" ] && { ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; }; then
+    apt_install gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+fi
 
 PY=${PY:-python3}
 # venv with pip: the llama-cpp-python test installs a wheel into a fresh virtual environment

@@ -6,7 +6,8 @@ for random weights in every configuration of the format (vector lengths 1..16, m
 widths 1..16 bits including widths that straddle bytes, column groups, permutation, column norm, row scale,
 outliers), token counts 1..9, 16, 33, 512 and 3-D activations, odd row counts; and checks that 1, 2 and 3
 threads give bitwise equal results. Each instruction-set level the build has is forced in turn with
-GGML_VQ_ISA, so every fast path and its fallbacks are covered on one machine.
+GGML_VQ_ISA, so every fast path and its fallbacks are covered on one machine; the Arm (NEON) kernels are
+tested the same way by the harness cross-compiled for aarch64 and run under qemu-user.
 """
 import os
 import subprocess
@@ -65,6 +66,30 @@ def test_file_with_a_shared_side_tensor(tmp_path):
 def test_real_quantized_ffn_down(ffn_down_file, isa):
     out = run(["file", ffn_down_file, 6], isa)
     assert "6 tensors" in out and "0 failed" in out
+
+
+# --- Arm: the same harness cross-compiled for aarch64 (vq-gguf build --cross aarch64), run under qemu-user ------
+
+def run_arm(args, isa, timeout=1800):
+    from vq_gguf.native.build import cross_bin_dir
+    exe = cross_bin_dir("aarch64") / "test-vq-matmul"
+    assert exe.is_file(), f"{exe} is missing: run `vq-gguf build --cross aarch64`"
+    p = subprocess.run(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(exe), *map(str, args)], capture_output=True,
+                       text=True, env=dict(os.environ, GGML_VQ_ISA=isa), timeout=timeout)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"aarch64 GGML_VQ_ISA={isa} {' '.join(map(str, args))}:\n" + "\n".join(out.splitlines()[-40:])
+    return out
+
+
+# quick sweeps (every third token count), two seeds for NEON: qemu runs the harness ~20x slower than the host.
+# The full sweep (`random 7` at neon, ~10 min under qemu): docs/kernels.md "Tests".
+@pytest.mark.parametrize("isa, seed", [("neon", 7), ("neon", 8), ("scalar", 7)])
+def test_arm_random_weights_every_configuration(isa, seed):
+    assert " 0 failed" in run_arm(["random", seed, "quick"], isa)
+
+
+def test_arm_file_with_every_format_feature(feature_files):
+    assert "0 failed" in run_arm(["file", feature_files[0]], "neon")
 
 
 def test_bandwidth_mode_reports_a_figure():

@@ -70,7 +70,7 @@ def run(cmd: list, logfile: Path | None = None) -> str:
 
 def load_average() -> str:
     try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())   # Linux and macOS alike
     except OSError:
         return "n/a"
 
@@ -236,8 +236,9 @@ def micro(threads: int = 1, in_out: tuple[int, int] = (576, 1536), tokens=(1, 2,
              "| --- |" + " ---: |" * len(tokens)]
     for label, v, k1, k2 in MICRO_LAYOUTS:
         lines.append(f"| {label} | " + " | ".join(f"{one(v, k1, k2, n):.4f}" for n in tokens) + " |")
-    lines.append("| v4 k256, reference decoder + ggml_vec_dot_f32 (GGML_VQ_ISA=ref) | "
-                 + " | ".join(f"{one(4, 256, 1, n, 'ref'):.4f}" if n <= 8 else "" for n in tokens) + " |")
+    for isa, how in (("scalar", "portable decoder"), ("ref", "reference decoder")):
+        lines.append(f"| v4 k256, {how} + ggml_vec_dot_f32 (GGML_VQ_ISA={isa}) | "
+                     + " | ".join(f"{one(4, 256, 1, n, isa):.4f}" if n <= 8 else "" for n in tokens) + " |")
     return "\n".join(lines)
 
 

@@ -31,8 +31,13 @@ def default_out(preset: str) -> Path:
 
 
 def cmd_build(args) -> None:
-    from vq_gguf.native.build import build, build_sanitize
-    print(build_sanitize(jobs=args.jobs) if args.sanitize else build(server=args.server, rpc=args.rpc, jobs=args.jobs))
+    from vq_gguf.native.build import build, build_cross, build_sanitize
+    if args.sanitize:
+        print(build_sanitize(jobs=args.jobs))
+    elif args.cross:
+        print(build_cross(args.cross, jobs=args.jobs))
+    else:
+        print(build(server=args.server, rpc=args.rpc, jobs=args.jobs))
 
 
 def preset_from_args(args):
@@ -373,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--server", action="store_true", help="also llama-server")
     p.add_argument("--rpc", action="store_true", help="also the RPC backend and rpc-server (docs/rpc.md)")
     p.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (clang; docs/hardening.md)")
+    p.add_argument("--cross", choices=("aarch64",), default=None,
+                   help="only the kernel test for Arm, cross-compiled (run under qemu-user; docs/kernels.md)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=cmd_build)
 

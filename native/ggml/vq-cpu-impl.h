@@ -1,5 +1,5 @@
 // Internal to the CPU MUL_MAT of VQ weights: what vq-cpu.c (instruction-set choice, geometry, the portable
-// paths, the op) and the per-instruction-set kernel files (vq-cpu-avx2.c, vq-cpu-avx512.c) share. Each kernel
+// paths, the op) and the per-instruction-set kernel files (vq-cpu-avx2.c, vq-cpu-avx512.c, vq-cpu-neon.c) share. Each kernel
 // file compiles to nothing where its instruction set is not enabled; vq-cpu.c calls a kernel only when the
 // same VQ_HAVE_* macro is defined, and only when the call's instruction set (vq_isa, capped by GGML_VQ_ISA)
 // allows it. Copied into ggml/src/ggml-cpu/ by the build.
@@ -26,6 +26,10 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define VQ_HAVE_AVX2 1
 #endif
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#define VQ_HAVE_NEON 1
+#endif
 #if defined(VQ_HAVE_AVX2) && defined(GGML_SIMD) && defined(GGML_F32_STEP) && defined(GGML_F32_EPR) && GGML_F32_STEP % 8 == 0
 #define VQ_HAVE_CENTX 1 // ggml_vec_dot_f32's accumulators are whole 8-lane vectors (AVX2: 4 x 8, AVX-512: 4 x 16)
 #endif
@@ -36,7 +40,9 @@
 #define VQ_ALWAYS_INLINE inline __attribute__((always_inline))
 #endif
 
-enum vq_isa { VQ_ISA_REF = 0, VQ_ISA_SCALAR, VQ_ISA_AVX2, VQ_ISA_AVX512, VQ_ISA_VBMI };
+// ordered within a family (x86: avx2 < avx512 < vbmi); NEON is Arm's only level, below the x86 ones so that no
+// x86 path's `isa >= VQ_ISA_AVX2` admits it
+enum vq_isa { VQ_ISA_REF = 0, VQ_ISA_SCALAR, VQ_ISA_NEON, VQ_ISA_AVX2, VQ_ISA_AVX512, VQ_ISA_VBMI, VQ_ISA_COUNT };
 
 // ---------------------------------------------------------------------------------------------------------
 // geometry of one call: a function of the node and the instruction set only (vq_geom_init), shared by the
@@ -161,6 +167,11 @@ void vq_centx_rows(const struct vq_call * c, int64_t p0, int64_t p1, ggml_fp16_t
 void vq_unpack_avx512(const struct vq_call * c, const uint8_t * stream, int64_t j0, int64_t n, uint32_t * dst);
 void vq_cent512_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t0, int nt, uint32_t * cbuf);
 void vq_mk512_n(int64_t k, const float * A, const float * B, float * const * C, int64_t r0, int64_t nrows, int nt);
+#endif
+#if defined(VQ_HAVE_NEON) // --- vq-cpu-neon.c
+void vq_cent_neon_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t0, int nt, uint32_t * cbuf);
+// 8 output rows (vector rows p .. p + 8/v - 1, v in {2, 4, 8}, plain weights) into dst[k * in + j]; cbuf: 4 chunks
+void vq_decx8_neon(const struct vq_call * c, int64_t p, float * dst, uint32_t * cbuf);
 #endif
 #if defined(VQ_HAVE_VBMI)
 // lut: tokens [0, ntok) of rows [p0, p1); lutx: one token, exact (the thread's buffers as the op lays them out)

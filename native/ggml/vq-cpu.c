@@ -12,7 +12,7 @@
 //           permutes (vpermb / vpermt2b), re-interleaved into fp16, widened to f32 and multiplied with 64
 //           consecutive activations. 8-bit codes are read in place, other widths are unpacked per vector
 //           row into byte indices first.
-//     cent  AVX-512 (v <= 16) or AVX2 (v in {2, 3, 4, 6, 8}), any K: 16/VP (8/VP) vector rows at one input column
+//     cent  AVX-512 (v <= 16), AVX2 or NEON (v in {2, 3, 4, 6, 8}), any K: 16/VP (8/VP) vector rows at one input column
 //           at a time (VP: v rounded up to a power of two, vq_cent_vp); their centroids, read as fp16
 //           straight from the codebook, fill one vector that is widened and multiplied with the broadcast
 //           activation.
@@ -21,18 +21,20 @@
 //     centx AVX2 and up, no permutation, norm or outliers (row scale allowed), v in {2, 3, 4, 6, 8}: cent's
 //           loads from a padded copy of the fp16 codebooks, each of ggml_vec_dot_f32's accumulator lanes
 //           run as its own chain.
-//     decx  anything else: rows decoded, then ggml_vec_dot_f32.
+//     decx  anything else: rows decoded (8 at a time by AVX2 or NEON where the layout allows), then ggml_vec_dot_f32.
 //   many tokens (prompt processing), gemm: a tile of rows is decoded to f32 into the thread's work buffer,
 //           packed as panels of 32 (AVX-512) or 16 (AVX2) rows, and multiplied with the activations, packed
 //           once per call in blocks of 12 (6) tokens, by an outer-product register-blocked kernel.
-//   scalar: decode a tile of rows (scalar), then ggml_vec_dot_f32 per row and token (any architecture).
+//   scalar: decode a tile of rows (scalar, or NEON for v in {2, 4, 8}), then ggml_vec_dot_f32 per row and token
+//           (any architecture; on Arm also the prompt path).
 //   ref:    the reference decoder ggml_vq_decode_vrow and ggml_vec_dot_f32 (the plain path, for comparison).
-// GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi caps the instruction set used (tests, benchmarks); GGML_VQ_DECX=1
+// GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi (Arm: ref|scalar|neon) caps the instruction set used (tests,
+// benchmarks); GGML_VQ_DECX=1
 // sends every one-token call that would take centx through decx (comparisons).
 //
 // Files: this one holds the instruction-set choice, the geometry, the activations' preparation, the code
-// unpacking, the portable paths (ref, scalar, decx) and the op; vq-cpu-avx2.c and vq-cpu-avx512.c the
-// kernels of their instruction sets (vq-cpu-impl.h: what they share).
+// unpacking, the portable paths (ref, scalar, decx) and the op; vq-cpu-avx2.c, vq-cpu-avx512.c and
+// vq-cpu-neon.c the kernels of their instruction sets (vq-cpu-impl.h: what they share).
 //
 // No allocation: everything lives in the work buffer that ggml_graph_plan sizes with ggml_vq_cpu_work_size.
 // Threads own disjoint, even ranges of vector rows. The only synchronisation is one barrier after the
@@ -51,6 +53,8 @@ static int vq_isa_compiled(void) {
     return VQ_ISA_AVX512;
 #elif defined(VQ_HAVE_AVX2)
     return VQ_ISA_AVX2;
+#elif defined(VQ_HAVE_NEON)
+    return VQ_ISA_NEON;
 #else
     return VQ_ISA_SCALAR;
 #endif
@@ -59,10 +63,13 @@ static int vq_isa_compiled(void) {
 static atomic_int vq_isa_cached = -1;
 
 void ggml_vq_cpu_set_isa(const char * name) {
-    static const char * names[] = { "ref", "scalar", "avx2", "avx512", "vbmi" };
-    int isa = vq_isa_compiled();
-    for (int i = 0; name && i < 5; ++i) {
-        if (strcmp(name, names[i]) == 0) {
+    static const char * names[VQ_ISA_COUNT] = { "ref", "scalar", "neon", "avx2", "avx512", "vbmi" };
+    const int compiled = vq_isa_compiled();
+    int isa = compiled;
+    for (int i = 0; name && i < VQ_ISA_COUNT; ++i) {
+        // a cap of the other family (avx2 on Arm, neon on x86) is no cap
+        const bool family = i <= VQ_ISA_SCALAR || (i == VQ_ISA_NEON) == (compiled == VQ_ISA_NEON);
+        if (strcmp(name, names[i]) == 0 && family) {
             isa = i < isa ? i : isa;
         }
     }
@@ -136,7 +143,7 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     // lut costs the same per weight whatever v, cent costs per code: lut for short vectors (measured, docs/kernels.md)
     const bool   lut  = isa >= VQ_ISA_VBMI && g->b1 <= 8 && g->b2 <= 8 && g->v < 8 && lut_bytes <= VQ_LUT_MAX_BYTES;
     const bool   cent = (isa >= VQ_ISA_AVX512 && g->v >= 2 && g->v <= 16) ||
-                        (isa >= VQ_ISA_AVX2 && g->v >= 2 && g->v <= 8 && g->v != 5 && g->v != 7);
+                        ((isa >= VQ_ISA_AVX2 || isa == VQ_ISA_NEON) && g->v >= 2 && g->v <= 8 && g->v != 5 && g->v != 7);
     // One token (generation): exact, i.e. bitwise the F32 matmul of the decoded weight (ggml_vec_dot_f32 on
     // the reference decoder's values), so that a VQ file gives exactly the logits of its decoded F32 file;
     // rounding differences would otherwise be amplified by the Q8 activations of other layers.
@@ -155,7 +162,7 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     } else if (isa == VQ_ISA_SCALAR) {
         g->path = VQ_PATH_SCALAR;
     } else if (!few) {
-        g->path = VQ_PATH_GEMM;
+        g->path = isa == VQ_ISA_NEON ? VQ_PATH_SCALAR : VQ_PATH_GEMM; // NEON: tiles decoded by vq_decx8_neon
     } else if (lut) {
         g->path = VQ_PATH_LUT;
     } else if (cent) {
@@ -433,6 +440,16 @@ void vq_decx_rows(const struct vq_call * c, int64_t p0, int64_t p1, float * tile
         }
     }
 #endif
+#if defined(VQ_HAVE_NEON)
+    if (c->isa == VQ_ISA_NEON && c->g.plain && (v == 2 || v == 4 || v == 8)) {
+        for (; p + 8 / v <= p1; p += 8 / v) {
+            vq_decx8_neon(c, p, tile, cbuf);
+            for (int64_t e = 0; e < 8; ++e) {
+                ggml_vec_dot_f32((int) in, y + p * v + e, 0, tile + e * in, 0, x, 0, 1);
+            }
+        }
+    }
+#endif
     for (; p < p1; ++p) {
         if (c->g.plain) {
             vq_decode_vrow_plain(c, p, tile, in, cbuf); // the reference's values: codebook sums only
@@ -556,10 +573,19 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
         }
 #endif
         case VQ_PATH_SCALAR: {
-            uint32_t codes[VQ_CHUNK];
+            uint32_t codes[4 * VQ_CHUNK];
             for (int64_t p = p0; p < p1; p += g->tile_vrows) {
                 const int64_t np = MIN(g->tile_vrows, p1 - p);
-                for (int64_t k = 0; k < np; ++k) {
+                int64_t k = 0;
+#if defined(VQ_HAVE_NEON)
+                // 8 rows (8 / v vector rows) at a time where NEON decodes the layout
+                if (c.isa == VQ_ISA_NEON && (v == 2 || v == 4 || v == 8)) {
+                    for (; k + 8 / v <= np; k += 8 / v) {
+                        vq_decx8_neon(&c, p + k, tile + k * v * in, codes);
+                    }
+                }
+#endif
+                for (; k < np; ++k) {
                     vq_decode_vrow_plain(&c, p + k, tile + k * v * in, in, codes);
                 }
                 for (int64_t t = 0; t < g->ntok; ++t) {
@@ -575,6 +601,14 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
 #if defined(VQ_HAVE_VBMI)
         case VQ_PATH_LUT: {
             vq_lut(&c, p0, p1, tab1, tab2, ib1, ib2);
+            break;
+        }
+#endif
+#if defined(VQ_HAVE_NEON)
+        case VQ_PATH_CENT: {
+            for (int64_t t = 0; t < g->ntok; t += 4) {
+                vq_cent_neon_rows(&c, p0, p1, t, (int) MIN(4, g->ntok - t), cbuf);
+            }
             break;
         }
 #endif

@@ -25,7 +25,7 @@
 // the CPU: the same reference comparison, with the tolerance of its F16 path above GGML_VQ_MAX_F32_BATCH
 // tokens, and two runs bitwise equal instead of the thread checks.
 //
-// The instruction set is capped by GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi (read once per process), so
+// The instruction set is capped by GGML_VQ_ISA=ref|scalar|avx2|avx512|vbmi (Arm: ref|scalar|neon; read once per process), so
 // each fast path is tested by running the program once per value. Prints one line per failure and a
 // summary; exit status 1 on any failure.
 
