@@ -217,8 +217,9 @@ def _converted(ck: Checkpoint, linears: list[str], llama_tree: Path, work: Path)
     config = json.loads(json.dumps(ck.config))
     config.get("text_config", config).pop("quantization_config")
     (hf / "config.json").write_text(json.dumps(config, indent=2))
-    for f in ck.path.iterdir():
-        if f.is_file() and f.name != "config.json" and not f.name.endswith((".safetensors", ".safetensors.index.json")):
+    for f in ck.path.iterdir():   # the tokenizer and generation settings; no weights but those written below
+        if f.is_file() and f.name != "config.json" and not f.name.endswith(
+                (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".gguf")):
             shutil.copy(f, hf / f.name)
     placeholders = {f"{m}.weight" for m in linears}
     state = {n: ck.tensor(n) for n in ck.names() if n not in ck.layer_params and n not in placeholders}
