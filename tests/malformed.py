@@ -219,8 +219,7 @@ def corpus() -> list[Case]:
           for t in (1500, 5000, 0xFFFFFFFF)],
         # format version
         Case("format version missing", raw(lambda lay, d: d.replace(b"vq.format_version", b"vq.format_versioX")), ("format version",)),
-        Case("format version 3", raw(set_format_version("I", (4, 3))), ("format version",)),
-        Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
+        Case("format version 4", raw(set_format_version("I", (4, 4))), ("format version",)),
         Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version of type int32", raw(set_format_version("i", (5, 1))), ("format version",)),
         # the rope order of imported q and k weights

@@ -89,9 +89,11 @@ def test_llama_cpp_gives_the_logits_of_transformers_with_vptq(imported, tmp_path
     # (llama.cpp keeps its KV cache in F16: a few 1e-3 of the logits' range)
     np.testing.assert_allclose(got, expected, atol=5e-3 * np.abs(expected).max())
     assert (got.argmax(-1) == expected.argmax(-1)).mean() > 0.95
+    version = GGUFReader(path).get_field(ggml_vq.FORMAT_KEY).contents()
     if json.loads((ckpt / "config.json").read_text())["model_type"] == "olmo2":
-        assert GGUFReader(path).get_field(ggml_vq.ROPE_NEOX_KEY) is None   # rotated NEOX-style already
+        assert GGUFReader(path).get_field(ggml_vq.ROPE_NEOX_KEY) is None and version == 1  # NEOX-style already
         return
+    assert version == 3   # older loaders, which would ignore vq.rope_neox, refuse the file
     # llama: q and k kept in Hugging Face's row order need vq.rope_neox; without it (renamed away) the logits differ
     data = path.read_bytes()
     assert data.count(ggml_vq.ROPE_NEOX_KEY.encode()) == 1

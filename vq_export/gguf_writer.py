@@ -87,7 +87,9 @@ def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], ove
     writer.add_key_value("general.file_type", file_type, GGUFValueType.UINT32)
     links = {k: v for t_name, t in vq.items() for k, v in t.links(t_name).items()}
     if vq:
-        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.format_version(shares=bool(links)), GGUFValueType.UINT32)
+        rope_neox = any(kv.key == ggml_vq.ROPE_NEOX_KEY and kv.value for kv in source.metadata)
+        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.format_version(shares=bool(links), rope_neox=rope_neox),
+                             GGUFValueType.UINT32)
     for key, value in {**extra_kv, **links}.items():
         writer.add_key_value(key, value, GGUFValueType.STRING)
 

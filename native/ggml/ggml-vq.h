@@ -8,7 +8,7 @@
 extern "C" {
 #endif
 
-#define GGML_VQ_FORMAT_VERSION 2                   // reads 1 too: version 2 only adds shared side tensors
+#define GGML_VQ_FORMAT_VERSION 3                   // reads 1 and 2 too: 2 adds shared side tensors, 3 vq.rope_neox
 #define GGML_VQ_FORMAT_KEY     "vq.format_version"
 #define GGML_VQ_LINK_PREFIX    "vq.link."           // vq.link.<side tensor name> = "vq_shared.<label>.<suffix>"
 #define GGML_VQ_SHARED_PREFIX  "vq_shared."
