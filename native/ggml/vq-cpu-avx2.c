@@ -47,23 +47,14 @@ static VQ_ALWAYS_INLINE __m128i vq_cent_load128(const ggml_fp16_t * const * ptr,
     return _mm_setr_epi32(w[0], w[1], w[2], w[3]);
 }
 
-// the same for centroids of v < VP values (v = 3, 6) padded to VP lanes: loads of VP values, except where one
-// would pass the end of the codebook (its last centroids), whose values are copied instead; lanes past v are
-// computed but never stored
+// the same for centroids of v <= VP values (vq_cent_padded)
 static VQ_ALWAYS_INLINE __m256 vq_cent_gather256(const ggml_fp16_t * const * ptr, const int VP, const int v, const ggml_fp16_t * end) {
     if (v == VP) {
         return _mm256_cvtph_ps(vq_cent_load128(ptr, VP));
     }
     ggml_fp16_t tail[4][8];
     const ggml_fp16_t * q[4];
-    for (int i = 0; i < 8 / VP; ++i) {
-        q[i] = ptr[i];
-        if (ptr[i] + VP > end) {
-            memset(tail[i], 0, sizeof(tail[i]));
-            memcpy(tail[i], ptr[i], v * sizeof(ggml_fp16_t));
-            q[i] = tail[i];
-        }
-    }
+    vq_cent_padded(ptr, VP, v, end, tail, q);
     return _mm256_cvtph_ps(vq_cent_load128(q, VP));
 }
 

@@ -87,6 +87,21 @@ static inline size_t vq_pad64(size_t n) {
 static inline int64_t vq_lut_kp(int64_t K) {
     return K < 64 ? 64 : K;
 }
+// cent's gathers of 8 fp16 lanes, for centroids of v < VP values (v = 3, 6) padded to VP lanes: where a load of VP
+// values from ptr[i] would pass the end of the codebook (its last centroids), q[i] points to a zero-padded copy in
+// tail[i] instead; otherwise to ptr[i]. Lanes past v are computed but never stored.
+static VQ_ALWAYS_INLINE void vq_cent_padded(const ggml_fp16_t * const * ptr, const int VP, const int v, const ggml_fp16_t * end,
+                                            ggml_fp16_t tail[4][8], const ggml_fp16_t ** q) {
+    for (int i = 0; i < 8 / VP; ++i) {
+        q[i] = ptr[i];
+        if (ptr[i] + VP > end) {
+            memset(tail[i], 0, 8 * sizeof(ggml_fp16_t));
+            memcpy(tail[i], ptr[i], v * sizeof(ggml_fp16_t));
+            q[i] = tail[i];
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // per call context
 

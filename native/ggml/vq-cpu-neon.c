@@ -48,23 +48,14 @@ static VQ_ALWAYS_INLINE vq_f32x8 vq_widen8h(uint16x8_t h) {
     return (vq_f32x8) { vcvt_f32_f16(vget_low_f16(f)), vcvt_f32_f16(vget_high_f16(f)) };
 }
 
-// the same for centroids of v < VP values (v = 3, 6) padded to VP lanes: loads of VP values, except where one
-// would pass the end of the codebook (its last centroids), whose values are copied instead; lanes past v are
-// computed but never stored
+// the same for centroids of v <= VP values (vq_cent_padded)
 static VQ_ALWAYS_INLINE vq_f32x8 vq_cent_gather_neon(const ggml_fp16_t * const * ptr, const int VP, const int v, const ggml_fp16_t * end) {
     if (v == VP) {
         return vq_widen8h(vq_cent_load8h(ptr, VP));
     }
     ggml_fp16_t tail[4][8];
     const ggml_fp16_t * q[4];
-    for (int i = 0; i < 8 / VP; ++i) {
-        q[i] = ptr[i];
-        if (ptr[i] + VP > end) {
-            memset(tail[i], 0, sizeof(tail[i]));
-            memcpy(tail[i], ptr[i], v * sizeof(ggml_fp16_t));
-            q[i] = tail[i];
-        }
-    }
+    vq_cent_padded(ptr, VP, v, end, tail, q);
     return vq_widen8h(vq_cent_load8h(q, VP));
 }
 
