@@ -40,14 +40,15 @@ def test_vptq_beats_kmeans_on_held_out_error(src, tmp_path):
     report = json.loads(vp.with_suffix(".report.json").read_text())["tensors"]
     from gguf import GGUFReader
     from vq_gguf import hessian
-    from vq_gguf.model import Llama
+    from vq_gguf.model import Model
     from vq_gguf.vptq import proxy_loss
     from vq_gguf.vqtensor import VQTensor
     kmf = quantize_model(src, tmp_path / "km.gguf", km, only=["blk.0."])
     by = {t.name: t for t in GGUFReader(kmf).tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], 18, 128)
-    blk = Llama(src).blocks[0]
-    H, _ = hessian.collect(blk, Llama(src).embed(tokens[16:]))  # the held-out windows
+    model = Model(src)
+    blk = model.blocks[0]
+    H, _ = hessian.collect(blk, model.embed(tokens[16:]))  # the held-out windows
     for short in ("attn_q", "ffn_down"):
         name = f"blk.0.{short}.weight"
         W, h = blk.w[short], H[hessian.INPUT_OF[short]]
@@ -143,11 +144,11 @@ def _tokens(n, length=32):
 
 
 def test_teacher_states_rebuild_the_float_logits(tiny_src):
-    from vq_gguf.model import Llama
+    from vq_gguf.model import Model
     tokens = _tokens(3)
     teacher = Teacher.run(tiny_src, tokens, n_heldout=1)
-    model = Llama(tiny_src)
-    rebuilt = teacher.hidden.float() @ model.head.T
+    model = Model(tiny_src)
+    rebuilt = model.logits_of(teacher.hidden.float())
     torch.testing.assert_close(rebuilt, model(tokens), rtol=2e-3, atol=2e-3 * float(model(tokens).abs().max()))
 
 

@@ -12,7 +12,6 @@ the lowest KL on the teacher's held-out windows is the one kept.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .atomic import hold, replacing, sha256
-from .model import Llama
+from .model import Model
 from .vqtensor import Shared, VQTensor
 
 LR = 1e-3   # Adam's starting rate; better than 3e-4 on every preset tried (docs/results.md "Learning rate")
@@ -113,7 +112,7 @@ class Teacher:
 
     @classmethod
     def run(cls, src, tokens: torch.Tensor, n_heldout: int, batch: int = 4) -> "Teacher":
-        model = Llama(src)
+        model = Model(src)
         with torch.no_grad():
             hidden = torch.cat([model.final_hidden(tokens[s:s + batch]).half()
                                 for s in tqdm(range(0, len(tokens), batch), desc="teacher (float model)", unit="batch",
@@ -146,11 +145,8 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
     so that they move as fast as the centroids relative to their size. `inputs` is stored in the checkpoint."""
     torch.backends.cuda.matmul.allow_tf32 = True   # on a GPU: TF32 products, F32 accumulation
     student, weights = _student(src, vq, device, row_scales)
-    norms = {}
-    for i, blk in enumerate(student.blocks):
-        for n in ("attn_norm", "ffn_norm"):
-            blk.w[n] = norms[f"blk.{i}.{n}.weight"] = blk.w[n].clone().requires_grad_(True)
-    student.out_norm = norms["output_norm.weight"] = student.out_norm.clone().requires_grad_(True)
+    norm_offsets = student.norms(src)
+    norms = {name: p.requires_grad_(True) for name, (p, _) in norm_offsets.items()}
     books = list({id(p): p for w in weights.values() for n, p in w.named_parameters() if n != "row_scale"}.values())
     scales = [w.row_scale for w in weights.values()] if row_scales else []
     scale_group = [{"params": scales, "lr": lr * float(_rms(scales) / _rms(books))}] if scales else []
@@ -207,28 +203,31 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
         w.write_back(vq[name], tuned)
     print(f"[finetune] {steps - start} steps in {time.time() - t0:.0f} s on {device}; "
           f"held-out KL {first_kl:.4f} -> {best_kl:.4f}", flush=True)
-    return {n: p.detach().cpu().numpy().copy() for n, p in norms.items()}
+    return {n: p.detach().cpu().numpy() + np.float32(norm_offsets[n][1]) for n, p in norms.items()}
 
 
 def _rms(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.sqrt(sum((t.detach() ** 2).sum() for t in tensors) / sum(t.numel() for t in tensors))
 
 
-def _kl(student: Llama, tokens: torch.Tensor, hidden: torch.Tensor, device) -> torch.Tensor:
+def _kl(student: Model, tokens: torch.Tensor, hidden: torch.Tensor, device) -> torch.Tensor:
     """Mean per-token KL(teacher ‖ student), the teacher's logits rebuilt from its states with the student's head."""
-    target = F.log_softmax(hidden.to(device).float() @ student.head.T, -1)
+    target = F.log_softmax(student.logits_of(hidden.to(device).float()), -1)
     logp = F.log_softmax(student.forward(tokens.to(device)), -1)
     return F.kl_div(logp, target, log_target=True, reduction="batchmean") / tokens.shape[1]
 
 
-def _student(src, vq: dict[str, VQTensor], device="cpu", row_scales: bool = False) -> tuple[Llama, dict[str, VQWeight]]:
-    """The model with its VQ weights as functions of their codebooks; their float copies in `src` stay behind."""
-    student = Llama(dataclasses.replace(src, tensors={n: w for n, w in src.tensors.items() if n not in vq}), device)
+def _student(src, vq: dict[str, VQTensor], device="cpu", row_scales: bool = False) -> tuple[Model, dict[str, VQWeight]]:
+    """The model with its VQ weights as functions of their codebooks; their float copies are dropped."""
+    student = Model(src, device)
     shared = {}
     weights = {name: VQWeight(t, shared, row_scales) for name, t in vq.items()}
     for w in weights.values():
         w.to(device)   # in place: a shared codebook stays one Parameter
     for i, blk in enumerate(student.blocks):
+        for kind in list(blk.w):
+            if f"blk.{i}.{kind}.weight" in weights:
+                del blk.w[kind]
         blk.linear = _linear(blk, i, weights)
     return student, weights
 
@@ -242,7 +241,7 @@ def _linear(blk, i: int, weights: dict[str, VQWeight]):
 
 def kl_to_float(src, vq: dict[str, VQTensor], tokens: torch.Tensor, batch: int = 2) -> float:
     """Mean per-token KL-divergence of the quantized model (codebooks as they are now) from the float one."""
-    teacher, (student, _) = Llama(src), _student(src, vq)
+    teacher, (student, _) = Model(src), _student(src, vq)
     total = 0.0
     with torch.no_grad():
         for s in range(0, tokens.shape[0], batch):

@@ -16,10 +16,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .model import Llama
+from .model import Model
 
 
-def channel_fisher(model: Llama, tokens: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+def channel_fisher(model: Model, tokens: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
     """{name: g [out]} for the block linears `names` (blk.N.KIND.weight), each normalised to mean 1, from the
     windows `tokens` [N, L] (one forward and backward pass of the model per window)."""
     acc: dict[str, torch.Tensor] = {}
@@ -40,7 +40,7 @@ def channel_fisher(model: Llama, tokens: torch.Tensor, names: list[str]) -> dict
     try:
         for s in range(len(tokens)):
             t = tokens[s : s + 1]
-            logits = model.final_hidden_of(model.embed(t).requires_grad_()) @ model.head.T
+            logits = model.logits_of(model.final_hidden_of(model.embed(t).requires_grad_()))
             F.cross_entropy(logits[0, :-1], t[0, 1:], reduction="sum").backward()
             done = s + 1
             eta = (time.time() - start) / done * (len(tokens) - done)

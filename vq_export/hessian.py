@@ -12,7 +12,7 @@ import torch
 from .model import Block
 
 # which Hessian each linear uses
-INPUT_OF = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_output",
+INPUT_OF = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_qkv": "attn_in", "attn_output": "attn_output",
             "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_down"}
 
 

@@ -1,111 +1,223 @@
-"""A llama-family forward pass in torch over the GGUF tensors, for calibration (Hessians, fine-tuning).
+"""The model the quantizer calibrates and fine-tunes: transformers' own class for the architecture, with every
+block linear computed from the GGUF's tensor.
 
-It reads the weights exactly as llama.cpp does: GGUF names, Q/K rows in llama.cpp's order, RoPE on adjacent
-pairs (LLAMA_ROPE_TYPE_NORM), grouped-query attention, SwiGLU, RMSNorm. A test holds its logits against the
-patched llama.cpp's on the same tokens, so the Hessians are those of the model llama.cpp runs.
+transformers runs the architecture (embedding scale, RoPE ordering, biases, q/k norms, residual and logit
+multipliers, where the norms sit); each block linear that the quantizer may replace becomes a `Tap` that
+computes with the GGUF tensor (rows in llama.cpp's order: the values the writer writes) through its block's
+`linear`, so that Hessians, channel weights and fine-tuning observe or replace it by GGUF name. A module is
+matched to its tensor by gguf-py's tensor-name map, and its row order by the values themselves (llama.cpp's
+converter reorders Q/K rows for some architectures); a module that no row order of its tensor reproduces is
+refused by name. Whether transformers and llama.cpp then run the same model is measured by agreement.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tempfile
+from pathlib import Path
 
+import gguf
+import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .names import LINEAR_KINDS
-from .source import SourceModel
-
+from .names import is_linear, parse_linear
+from .source import SourceError, SourceModel
 
 
-@dataclass
-class Hyper:
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    eps: float
-    rope_base: float
+def load_transformers(src: SourceModel) -> torch.nn.Module:
+    """src's model as a transformers model in float32: from its Hugging Face directory, from its GGUF through
+    transformers' GGUF support, or (a model made in memory, a VQ file decoded) from its tensors written to a
+    temporary float GGUF."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    @classmethod
-    def of(cls, src: SourceModel) -> "Hyper":
-        kv = {m.key: m.value for m in src.metadata}
-        a = src.arch
-        n_embd = kv[f"{a}.embedding_length"]
-        n_head = kv[f"{a}.attention.head_count"]
-        return cls(n_layer=kv[f"{a}.block_count"], n_head=n_head, n_head_kv=kv.get(f"{a}.attention.head_count_kv", n_head),
-                   head_dim=kv.get(f"{a}.rope.dimension_count", n_embd // n_head),
-                   eps=kv.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5), rope_base=kv.get(f"{a}.rope.freq_base", 10000.0))
+    def load(path: Path, **kw) -> torch.nn.Module:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
+        return model.eval().requires_grad_(False)
+
+    if src.hf_source is not None and src.hf_source.is_dir():
+        return load(src.hf_source)
+    if src.arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise SourceError(f"transformers cannot read a {src.arch} GGUF: quantize from the model's Hugging Face "
+                          f"directory instead")
+    if src.hf_source is not None:
+        return load(src.hf_source.parent, gguf_file=src.hf_source.name)
+    from . import gguf_writer
+    with tempfile.TemporaryDirectory(prefix="vq-float-") as tmp:
+        path = gguf_writer.write(Path(tmp) / "float.gguf", src, other_type="f32")
+        return load(path.parent, gguf_file=path.name)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+def row_order(W_gguf: np.ndarray, W_hf: np.ndarray) -> np.ndarray | None:
+    """The permutation p with W_gguf == W_hf[p] exactly (identity first), or None when there is none."""
+    if W_gguf.shape != W_hf.shape:
+        return None
+    if np.array_equal(W_gguf, W_hf):
+        return np.arange(len(W_hf))
+    key = lambda W: [r.tobytes() for r in np.ascontiguousarray(W, dtype=np.float32)]  # noqa: E731
+    rows: dict[bytes, list[int]] = {}
+    for i, r in enumerate(key(W_hf)):
+        rows.setdefault(r, []).append(i)
+    try:
+        return np.array([rows[r].pop() for r in key(W_gguf)])
+    except (KeyError, IndexError):
+        return None
 
 
-def rope(x: torch.Tensor, base: float) -> torch.Tensor:
-    """x [batch, heads, seq, dim]: rotate adjacent pairs (x[2i], x[2i+1]) by pos * base^(-2i/dim)."""
-    seq, dim = x.shape[-2], x.shape[-1]
-    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim)
-    ang = torch.arange(seq, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
-    cos, sin = ang.cos(), ang.sin()
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
+class Tap(torch.nn.Module):
+    """A block linear as its block's `linear(kind, x)` (GGUF row order), put back in the module's order."""
+
+    def __init__(self, block: "Block", kind: str, order: np.ndarray, bias: torch.Tensor | None):
+        super().__init__()
+        self.block, self.kind, self.bias = [block], kind, bias   # a list: the block is not a submodule
+        identity = bool((order == np.arange(len(order))).all())
+        self.register_buffer("inverse", None if identity else torch.from_numpy(np.argsort(order)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block[0].linear(self.kind, x)
+        if self.inverse is not None:
+            y = y.index_select(-1, self.inverse)
+        return y if self.bias is None else y + self.bias
 
 
 class Block:
-    """One transformer block; `weights` maps the linear names (attn_q, ...) and norms to tensors, and
-    `linear` can be swapped to observe or replace each matmul."""
+    """One decoder layer. `w` maps the kinds of its block linears (attn_q, ...) to their GGUF tensors; `linear`
+    can be swapped to observe or replace each matmul."""
 
-    def __init__(self, hp: Hyper, weights: dict[str, torch.Tensor]):
-        self.hp, self.w = hp, weights
+    def __init__(self, model: "Model", index: int, layer: torch.nn.Module):
+        self.model, self.index, self.layer = model, index, layer
+        self.w: dict[str, torch.Tensor] = {}
 
-    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.w[name].T
+    def linear(self, kind: str, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w[kind].T
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        hp = self.hp
-        b, t, _ = x.shape
-        h = rms_norm(x, self.w["attn_norm"], hp.eps)
-        q = self.linear("attn_q", h).view(b, t, hp.n_head, hp.head_dim).transpose(1, 2)
-        k = self.linear("attn_k", h).view(b, t, hp.n_head_kv, hp.head_dim).transpose(1, 2)
-        v = self.linear("attn_v", h).view(b, t, hp.n_head_kv, hp.head_dim).transpose(1, 2)
-        q, k = rope(q, hp.rope_base), rope(k, hp.rope_base)
-        rep = hp.n_head // hp.n_head_kv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
-        x = x + self.linear("attn_output", a)
-        h = rms_norm(x, self.w["ffn_norm"], hp.eps)
-        return x + self.linear("ffn_down", F.silu(self.linear("ffn_gate", h)) * self.linear("ffn_up", h))
+        out = self.layer(x, **self.model.layer_kwargs(self.index, x.shape[1]))
+        return out[0] if isinstance(out, tuple) else out
 
 
-class Llama:
-    """The whole model. A block linear missing from `src` is one a swapped `Block.linear` supplies (fine-tuning's
-    VQ weights); reading it otherwise is a KeyError."""
+class _Stop(Exception):
+    pass
+
+
+class Model:
+    """The whole model: embed → blocks → final_hidden_of → logits_of, each step as transformers computes it."""
 
     def __init__(self, src: SourceModel, device: str | torch.device = "cpu"):
-        self.hp = Hyper.of(src)
-        t = {k: torch.from_numpy(v).to(device) for k, v in src.tensors.items()}
-        self.tok_embd = t["token_embd.weight"]
-        self.out_norm = t["output_norm.weight"]
-        self.head = t.get("output.weight", self.tok_embd)
-        self.blocks = []
-        for i in range(self.hp.n_layer):
-            names = {n: f"blk.{i}.{n}.weight" for n in (*LINEAR_KINDS, "attn_norm", "ffn_norm")}
-            self.blocks.append(Block(self.hp, {n: t[full] for n, full in names.items() if full in t}))
+        self.arch = src.arch
+        self.hf = load_transformers(src)
+        base = getattr(self.hf, "model", None)
+        if base is None or not hasattr(base, "layers") or not hasattr(base, "norm"):
+            raise SourceError(f"{src.arch}: transformers' {type(self.hf).__name__} has no model.layers and model.norm")
+        self.base, self.config = base, self.hf.config
+        arch = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}[src.arch]
+        self.names = gguf.get_tensor_name_map(arch, len(base.layers))
+        self.blocks = [Block(self, i, layer) for i, layer in enumerate(base.layers)]
+        self.kept: list[str] = []   # block linears that are not of a kind the quantizer replaces
+        for blk in self.blocks:
+            for path, module in list(blk.layer.named_modules()):
+                if isinstance(module, torch.nn.Linear):
+                    self._tap(src, blk, path, module, device)
+        self.hf.to(device)
+        self._kwargs: dict[int, list[dict]] = {}
+        self.device = device
+
+    def _tap(self, src: SourceModel, blk: Block, path: str, module: torch.nn.Linear, device) -> None:
+        hf_name = f"model.layers.{blk.index}.{path}"
+        name = self.names.get_name(hf_name + ".weight", try_suffixes=(".weight",))
+        if name in src.tensors and not is_linear(name):
+            self.kept.append(name)   # a router or shared-expert linear: left in a llama.cpp type
+            return
+        if name is None or name not in src.tensors:
+            raise SourceError(f"{self.arch}: block linear {hf_name} has no GGUF tensor "
+                              f"({name or 'no name in gguf-py tensor map'})")
+        order = row_order(src.tensors[name], module.weight.detach().numpy())
+        if order is None:
+            raise SourceError(f"{self.arch}: GGUF tensor {name} does not hold the values of {hf_name} in any row order")
+        kind = parse_linear(name)[1]
+        blk.w[kind] = torch.from_numpy(src.tensors[name]).to(device)
+        parent, _, child = path.rpartition(".")
+        tap = Tap(blk, kind, order, module.bias)
+        blk.layer.get_submodule(parent).register_module(child, tap)
+
+    def norms(self, src: SourceModel) -> dict[str, tuple[torch.nn.Parameter, float]]:
+        """The norm weights by GGUF name, with the constant the GGUF adds to transformers' value (Gemma's
+        converter stores 1 + w): fine-tuning trains the parameters and writes parameter + offset."""
+        found = {}
+        for hf_name, p in self.hf.named_parameters():
+            name = self.names.get_name(hf_name, try_suffixes=(".weight",))
+            if p.ndim != 1 or name is None or not name.endswith("norm.weight") or name not in src.tensors:
+                continue
+            diff = src.tensors[name] - p.detach().cpu().numpy()
+            if np.abs(diff - diff.mean()).max() > 1e-6 * max(1.0, float(np.abs(src.tensors[name]).max())):
+                raise SourceError(f"{self.arch}: GGUF tensor {name} is not {hf_name} plus a constant")
+            found[name] = (p, round(float(diff.mean()), 6))
+        return found
+
+    def layer_kwargs(self, index: int, length: int) -> list[dict]:
+        """What the model's forward passes to layer `index` besides the hidden states for windows of `length`
+        tokens (position embeddings, masks), captured once from the model's own forward with every layer
+        replaced by the identity (batch 1: the tensors broadcast over any batch)."""
+        if length not in self._kwargs:
+            seen: list[dict] = []
+            layers = [blk.layer for blk in self.blocks]
+
+            def record(hidden_states, *args, **kwargs):
+                if args:
+                    raise SourceError(f"{self.arch}: a decoder layer takes positional arguments besides the hidden states")
+                seen.append(kwargs)
+                if len(seen) == len(layers):
+                    raise _Stop
+                return hidden_states
+
+            self._each_layer(record, lambda: self.hf(torch.zeros(1, length, dtype=torch.long, device=self.device), use_cache=False))
+            self._kwargs[length] = seen
+        return self._kwargs[length][index]
+
+    def _each_layer(self, forward, run) -> None:
+        layers = [blk.layer for blk in self.blocks]
+        for layer in layers:
+            layer.forward = forward
+        try:
+            run()
+        except _Stop:
+            pass
+        finally:
+            for layer in layers:
+                del layer.forward
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok_embd[tokens]
+        """The first layer's input for tokens [N, L] (embedding and the architecture's scale)."""
+        got = []
 
-    def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The output norm's result: what the head multiplies (logits = final_hidden @ head.T)."""
-        return self.final_hidden_of(self.embed(tokens))
+        def first(hidden_states, *args, **kwargs):
+            got.append(hidden_states)
+            raise _Stop
+
+        with torch.no_grad():
+            self._each_layer(first, lambda: self.hf(tokens.to(self.device), use_cache=False))
+        return got[0]
 
     def final_hidden_of(self, x: torch.Tensor) -> torch.Tensor:
-        """final_hidden from the token embeddings x [N, L, d] (which may require grad, to reach every linear)."""
+        """What the head multiplies, from the first layer's input x [N, L, d] (which may require grad)."""
         for blk in self.blocks:
             x = blk(x)
-        return rms_norm(x, self.out_norm, self.hp.eps)
+        return self.base.norm(x)
+
+    def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.final_hidden_of(self.embed(tokens))
+
+    def logits_of(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits from final_hidden, with the architecture's logit scale (Granite) or soft cap (Gemma)."""
+        y = self.hf.lm_head(h)
+        scale = getattr(self.config, "logits_scaling", None)
+        if scale:
+            y = y / scale
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:
+            y = torch.tanh(y / cap) * cap
+        return y
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.final_hidden(tokens) @ self.head.T
+        return self.logits_of(self.final_hidden(tokens))
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:

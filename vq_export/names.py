@@ -6,8 +6,9 @@ import re
 
 from .ggml_vq import SIDES
 
-# the linears of a llama-family block, in the order llama.cpp's graph uses them
-LINEAR_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# the linears of a block, in the order llama.cpp's graph uses them; attn_qkv is q, k and v in one tensor
+# (Phi-3), and an ffn_up without ffn_gate may hold gate and up rows together (Phi-3's gate_up_proj)
+LINEAR_KINDS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 LINEAR_RE = re.compile(r"^blk\.(\d+)\.(" + "|".join(LINEAR_KINDS) + r")\.weight$")
 
 

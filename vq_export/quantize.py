@@ -32,12 +32,12 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGUFReader
 from tqdm import tqdm
 
-from . import ggml_vq, gguf_writer, hessian
+from . import agreement, ggml_vq, gguf_writer, hessian
 from .atomic import hold, is_held, replacing, sha256
 from .config import VQConfig
 from .kmeans import kmeans, nearest
-from .model import Llama
-from .names import LINEAR_KINDS, block_of, kind_of, linear
+from .model import Model
+from .names import LINEAR_KINDS, block_of, is_linear, kind_of, linear
 from .presets import Preset
 from .reference import dequantize
 from .source import SourceModel
@@ -175,6 +175,12 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
         from .calib import DEFAULT_CALIB
         calib = [DEFAULT_CALIB]
     run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type)
+    check_fits(run)
+    kept = sorted({n.split(".", 2)[2] for n, W in source.tensors.items()
+                   if n.startswith("blk.") and W.ndim >= 2 and not is_linear(n)})
+    if kept:
+        print(f"[quantize] stay in {other_type}: {', '.join(kept)} (mixture-of-experts tensors: llama.cpp runs "
+              f"experts through MUL_MAT_ID, which has no VQ kernel, and routers decide which experts run)", flush=True)
     if run.out.exists() and _file_key(run.out) == run.key:
         print(f"[quantize] {run.out} is up to date (made from the same source, calibration text, settings, seed "
               f"and code)", flush=True)
@@ -201,6 +207,21 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
         shutil.rmtree(stale, ignore_errors=True)
     print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s, peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
     return path
+
+
+def check_fits(run: Run) -> None:
+    """Before any work: every tensor's settings fit its shape (v divides the output channels, whole blocks of
+    input columns); a ValueError lists the tensors that do not."""
+    misfits = []
+    for name in run.names:
+        out_features, in_features = run.source.tensors[name].shape
+        cfg = run.preset.config_for(name, run.source.n_blocks)
+        if out_features % cfg.v or in_features % ggml_vq.BLOCK_SIZE:
+            misfits.append(f"{name} [{out_features}, {in_features}] with v={cfg.v}")
+    if misfits:
+        raise ValueError(f"preset {run.preset.name} does not fit {len(misfits)} tensors of this model (the vector "
+                         f"length must divide the output channels, the input columns be a multiple of "
+                         f"{ggml_vq.BLOCK_SIZE}): {'; '.join(misfits[:5])}{' ...' if len(misfits) > 5 else ''}")
 
 
 def estimate_bytes(run: Run) -> int:
@@ -241,7 +262,8 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     from .calib import calibration_tokens
     preset = run.preset
     tokens = calibration_tokens(run.source.path, run.calib, preset.n_calib + preset.n_heldout, preset.seq_len, run.seed)
-    model = Llama(run.source)
+    model = Model(run.source)
+    agreement.check(model, run.source.path, tokens[-2:])
     x = model.embed(tokens)                       # [N, L, d]: calibration windows, then held-out windows
     n_fit = preset.n_calib
     g = _channel_weights(run, model, tokens[: min(preset.fisher_windows, n_fit)])
@@ -290,7 +312,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     return done, report
 
 
-def _channel_weights(run: Run, model: Llama, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def _channel_weights(run: Run, model: Model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """The preset's output-channel weights of every tensor to quantize ({} for "none"), kept in the parts folder."""
     kind = run.preset.channel_weights
     if kind == "none":
@@ -307,7 +329,7 @@ def _channel_weights(run: Run, model: Llama, tokens: torch.Tensor) -> dict[str, 
         return {n: torch.from_numpy(z[n]) for n in run.names}
 
 
-def _shared_codebooks(run: Run, model: Llama, x: torch.Tensor, g: dict[str, torch.Tensor]) -> dict[str, Shared]:
+def _shared_codebooks(run: Run, model: Model, x: torch.Tensor, g: dict[str, torch.Tensor]) -> dict[str, Shared]:
     """For the tensors of the preset's shared kinds: {name: its Shared codebook}, one per kind and config,
     fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
     groups: dict[tuple[str, VQConfig], list[str]] = {}

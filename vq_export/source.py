@@ -8,6 +8,7 @@ Two inputs are accepted:
 """
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ from . import ggml_vq
 from .names import block_of, is_linear, is_side
 from .atomic import replacing
 
-# architectures whose block linears all go through llama.cpp's weight-matmul hook (build_lora_mm)
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
+# GGUF architectures that tests/test_architectures.py holds: transformers and llama.cpp agree on the float
+# model, and every block linear reaches the VQ kernels (docs/architectures.md)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "granite", "olmo2", "gemma2", "gemma3", "phi3", "qwen2moe")
 
 
 
@@ -54,6 +56,9 @@ class SourceModel:
     metadata: list[KV]
     tensors: dict[str, np.ndarray] = field(repr=False)  # float32, numpy shape = reversed ggml ne
     source_types: dict[str, str] = field(default_factory=dict)
+    # what transformers loads to run the model (model.py): its Hugging Face directory or GGUF file; None for
+    # a model whose tensors are not a file's (made in memory, or VQ weights decoded)
+    hf_source: Path | None = None
 
     def linear_names(self) -> list[str]:
         """The block linears, in file order: what the quantizer replaces."""
@@ -143,7 +148,8 @@ def _load(path: Path, vq_ok: bool) -> tuple[SourceModel, dict]:
         else:
             tensors[t.name] = _float_tensor(path, t)
         types[t.name] = t.tensor_type.name
-    return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types), vq
+    return SourceModel(path=path, arch=arch, metadata=read_metadata(reader), tensors=tensors, source_types=types,
+                       hf_source=None if vq else path), vq
 
 
 def convert_hf(hf_dir: Path, llama_tree: Path, out: Path) -> Path:
@@ -172,5 +178,5 @@ def load(path: str | Path, *, llama_tree: Path | None = None, cache_dir: Path | 
         gguf_path = cache_dir / f"{path.resolve().name}.f32.gguf"
         if not gguf_path.exists() or gguf_path.stat().st_mtime < (path / "config.json").stat().st_mtime:
             convert_hf(path, llama_tree, gguf_path)
-        path = gguf_path
+        return dataclasses.replace(load_gguf(gguf_path), hf_source=path)
     return load_gguf(path)
