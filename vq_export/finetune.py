@@ -1,4 +1,4 @@
-"""End-to-end fine-tuning with the indices fixed: train the codebooks and the RMSNorm weights so that the
+"""End-to-end fine-tuning with the indices fixed: train the codebooks and the norm weights so that the
 quantized model's next-token distribution matches the float model's (KL-divergence on the logits). With
 `row_scales`, every VQ weight's per-output-channel scale (format.md §5; ones where the file has none) is trained
 too: one more value per row, where a codebook is shared by all rows of a tensor.
