@@ -24,7 +24,7 @@ from vq_gguf import bpw, ggml_vq, hessian, source
 from vq_gguf.calib import DEFAULT_CALIB, calibration_tokens
 from vq_gguf.cli import parse_config
 from vq_gguf.default_model import fetch
-from vq_gguf.model import Llama
+from vq_gguf.model import Model
 from vq_gguf.names import parse_linear
 from vq_gguf.paths import home
 from vq_gguf.reference import dequantize
@@ -77,7 +77,7 @@ def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
     calibration windows pushed through the float model, and from n_heldout more for scoring."""
     wanted = {parse_linear(t) for t in tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], n_calib + n_heldout, 512)
-    model = Llama(src)
+    model = Model(src)
     x = model.embed(tokens)
     for i, blk in enumerate(model.blocks[: max(b for b, _ in wanted) + 1]):
         names = [s for b, s in sorted(wanted) if b == i]
