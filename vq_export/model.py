@@ -111,7 +111,6 @@ class Model:
         arch = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}[src.arch]
         self.names = gguf.get_tensor_name_map(arch, len(base.layers))
         self.blocks = [Block(self, i, layer) for i, layer in enumerate(base.layers)]
-        self.kept: list[str] = []   # block linears that are not of a kind the quantizer replaces
         for blk in self.blocks:
             for path, module in list(blk.layer.named_modules()):
                 if isinstance(module, torch.nn.Linear):
@@ -124,8 +123,7 @@ class Model:
         hf_name = f"model.layers.{blk.index}.{path}"
         name = self.names.get_name(hf_name + ".weight", try_suffixes=(".weight",))
         if name in src.tensors and not is_linear(name):
-            self.kept.append(name)   # a router or shared-expert linear: left in a llama.cpp type
-            return
+            return   # a router or shared-expert linear: transformers' own, llama.cpp's type in the file
         if name is None or name not in src.tensors:
             raise SourceError(f"{self.arch}: block linear {hf_name} has no GGUF tensor "
                               f"({name or 'no name in gguf-py tensor map'})")
@@ -158,13 +156,12 @@ class Model:
         replaced by the identity (batch 1: the tensors broadcast over any batch)."""
         if length not in self._kwargs:
             seen: list[dict] = []
-            layers = [blk.layer for blk in self.blocks]
 
             def record(hidden_states, *args, **kwargs):
                 if args:
                     raise SourceError(f"{self.arch}: a decoder layer takes positional arguments besides the hidden states")
                 seen.append(kwargs)
-                if len(seen) == len(layers):
+                if len(seen) == len(self.blocks):
                     raise _Stop
                 return hidden_states
 
