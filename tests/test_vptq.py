@@ -126,7 +126,7 @@ def test_shared_codebook_recovers_a_common_codebook():
         layers.append((W, H))
 
     def total(cfg):
-        C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg)
+        C = shared_codebook([lambda W=W, H=H: VPTQ(W, H, cfg) for W, H in layers], cfg)
         ts = [VPTQ(W, H, cfg, codebook=C).quantize() for W, H in layers]
         assert all((t.codebook == C.to(torch.float16).numpy()).all() for t in ts)
         return sum(proxy_loss(W, torch.from_numpy(dequantize(t)), H) / proxy_loss(W, torch.zeros_like(W), H)
@@ -143,7 +143,7 @@ def test_shared_codebook_refit_lowers_error():
 
     def total(rounds):
         cfg = VQConfig(v=4, k=16, refit_rounds=rounds, row_scale=True)
-        C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg)
+        C = shared_codebook([lambda W=W, H=H: VPTQ(W, H, cfg) for W, H in layers], cfg)
         return sum(proxy_loss(W, torch.from_numpy(dequantize(VPTQ(W, H, cfg, codebook=C).quantize())), H) for W, H in layers)
 
     assert total(2) < 0.99 * total(0)                   # 2.7 % with 12 Lloyd passes (over 3 % when k-means stopped after one)
@@ -156,7 +156,7 @@ def test_shared_codebook_keeps_a_rare_large_vector():
     layers = [layer(seed=40 + s) for s in range(3)]
     layers[1][0][8:12, 1] = 2.0
     cfg = VQConfig(v=4, k=16)
-    C = shared_codebook(lambda: (VPTQ(W, H, cfg) for W, H in layers), cfg, max_points=512)
+    C = shared_codebook([lambda W=W, H=H: VPTQ(W, H, cfg) for W, H in layers], cfg, max_points=512)
     Wq = dequantize(VPTQ(*layers[1], cfg, codebook=C).quantize())
     assert np.abs(Wq[8:12, 1] - 2.0).max() < 0.2
 

@@ -11,6 +11,16 @@ the report it writes (`seconds`: calibration, Hessians and quantization, not the
 3 KV heads per 9 heads scaled alike, FFN 8/3 × width) and two blocks, converted by llama.cpp's converter:
 random weights cost what real ones do, and two blocks are enough to see the cost per block. Timings depend on
 what else the machine runs: the load average is printed beside them.
+
+    python -m vq_gguf.tools.quant_cost --shapes smollm2-135m llama3-8b --preset 2bit --json shapes.json
+
+`--shapes` measures real models' block shapes without the models: each distinct block linear (its shape and
+the preset's settings for it in a middle block) quantized by VPTQ from random weights and a Hessian of random
+activations, in its own process (seconds and peak memory); the Hessian products and the two forward passes
+of a block (one with the Hessians, one through the quantized block) as the matrix products of the preset's
+calibration tokens, in 4096-token batches as hessian.py takes them. A block's cost is the sum, a model's the
+block's times its depth: an extrapolation (the default model's row can be set against its measured run).
+A kind the preset shares is assigned to a random fixed codebook: the shared k-means is not included.
 """
 from __future__ import annotations
 
@@ -62,6 +72,107 @@ def synthetic_llama(width_mult: int, folder: Path, tokenizer_gguf: Path) -> Path
     return out
 
 
+# block shapes of real models: hidden width, FFN width, query heads, KV heads, blocks
+SHAPES = {"smollm2-135m": (576, 1536, 9, 3, 30), "llama3-8b": (4096, 14336, 32, 8, 32),
+          "llama3-70b": (8192, 28672, 64, 8, 80)}
+BATCH_TOKENS = 4096    # tokens per Hessian product: hessian.collect's 8 windows of 512
+
+
+def block_linears(shape: str) -> dict[str, tuple[int, int]]:
+    """{kind: (out, in)} of one block of model `shape`."""
+    hidden, ffn, heads, kv, _ = SHAPES[shape]
+    head = hidden // heads
+    return {"attn_q": (heads * head, hidden), "attn_k": (kv * head, hidden), "attn_v": (kv * head, hidden),
+            "attn_output": (hidden, heads * head), "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden),
+            "ffn_down": (hidden, ffn)}
+
+
+def one_linear(out_features: int, in_features: int, preset_name: str, kind: str, n_blocks: int) -> dict:
+    """VPTQ of one random [out, in] weight with the preset's settings for a middle block's `kind`: seconds and
+    this process's peak memory."""
+    import resource
+    import torch
+    from vq_gguf.hessian import INPUT_OF
+    from vq_gguf.presets import PRESETS
+    from vq_gguf.vptq import VPTQ
+    preset = PRESETS[preset_name]
+    cfg = preset.config_for(f"blk.{n_blocks // 2}.{kind}.weight", n_blocks)
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(out_features, in_features, generator=gen) * 0.02
+    # activations of a real residual stream are far from white: a few strong channels, a decaying spectrum
+    scale = torch.rand(in_features, generator=gen).pow(4) * 4 + 0.1
+    X = torch.randn(max(BATCH_TOKENS, in_features + 512), in_features, generator=gen) * scale   # H of full rank
+    H = (X.T @ X).double()
+    del X
+    book = None
+    if kind in preset.share:
+        book = torch.randn(1, cfg.k, cfg.v, generator=gen).half().float() * 0.02
+    start = time.time()
+    VPTQ(W, H, cfg, codebook=book).quantize()
+    seconds = time.time() - start
+    return {"kind": kind, "shape": [out_features, in_features], "input": INPUT_OF[kind], "seconds": seconds,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "config": f"v{cfg.v} k{cfg.k}" + (f" k_res{cfg.k_res}" if cfg.k_res else "") + (" shared" if book is not None else "")}
+
+
+def products(shape: str, tokens: int) -> dict:
+    """Seconds of one block's Hessian products (XᵀX of each distinct linear input, over `tokens`) and of one
+    forward pass's linear products, from a timed 4096-token batch of each."""
+    import torch
+    from vq_gguf.hessian import INPUT_OF
+    linears = block_linears(shape)
+    batches = tokens / BATCH_TOKENS
+    hessian = forward = 0.0
+    for name in sorted({INPUT_OF[k] for k in linears}):
+        n = next(linears[k][1] for k in linears if INPUT_OF[k] == name)
+        X = torch.randn(BATCH_TOKENS, n)
+        start = time.time()
+        (X.T @ X).to(torch.float64)
+        hessian += (time.time() - start) * batches
+    for out_features, in_features in linears.values():
+        X, W = torch.randn(BATCH_TOKENS, in_features), torch.randn(out_features, in_features)
+        start = time.time()
+        X @ W.T
+        forward += (time.time() - start) * batches
+    return {"hessian_s": hessian, "forward_s": forward}
+
+
+def measure_shape(shape: str, preset_name: str) -> dict:
+    """A block of model `shape` under the preset: each distinct linear in its own process, then the products."""
+    from vq_gguf.presets import PRESETS
+    preset = PRESETS[preset_name]
+    n_blocks = SHAPES[shape][4]
+    units: dict[tuple, list[str]] = {}
+    for kind, (o, i) in block_linears(shape).items():
+        cfg = preset.config_for(f"blk.{n_blocks // 2}.{kind}.weight", n_blocks)
+        units.setdefault((o, i, cfg, kind in preset.share), []).append(kind)
+    rows = []
+    for (o, i, _, _), kinds in units.items():
+        cmd = [sys.executable, "-m", "vq_gguf.tools.quant_cost", "--one-linear", str(o), str(i), kinds[0],
+               str(n_blocks), "--preset", preset_name]
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        r["kinds"] = kinds
+        rows.append(r)
+        print(f"[cost] {shape} {'/'.join(kinds)} {o}x{i} {r['config']}: {r['seconds']:.1f} s, "
+              f"peak {r['peak_rss_gib']:.2f} GiB", flush=True)
+    tokens = (preset.n_calib + preset.n_heldout) * preset.seq_len
+    prod = products(shape, tokens)
+    linear_s = sum(r["seconds"] * len(r["kinds"]) for r in rows)
+    block_s = linear_s + prod["hessian_s"] + 2 * prod["forward_s"]
+    weights = sum(o * i for o, i in block_linears(shape).values())
+    return {"shape": shape, "preset": preset_name, "tokens": tokens, "linears": rows, **prod,
+            "linear_s": linear_s, "block_s": block_s, "blocks": n_blocks, "model_h": block_s * n_blocks / 3600,
+            "block_weights": weights, "peak_rss_gib": max(r["peak_rss_gib"] for r in rows),
+            "load_before": os.getloadavg()[0]}
+
+
+def shape_row(r: dict) -> str:
+    return (f"| {r['shape']} | {r['preset']} | {r['block_weights'] / 1e6:.0f} M | {r['linear_s']:.0f} | "
+            f"{r['hessian_s']:.0f} | {2 * r['forward_s']:.0f} | {r['block_s']:.0f} | "
+            f"{r['block_s'] / (r['block_weights'] / 1e6):.1f} | {r['peak_rss_gib']:.2f} | {r['blocks']} | "
+            f"{r['model_h']:.1f} | {r['load_before']:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", nargs="*", default=["2bit", "3bit", "4bit"], help="presets on the default model")
@@ -70,7 +181,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=home() / "cost")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--keep", type=Path, default=None, help="keep the quantized files in this folder (default: deleted)")
+    ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=None,
+                    help="measure these models' block shapes instead (see above); with --preset")
+    ap.add_argument("--preset", default="2bit", help="preset of --shapes")
+    ap.add_argument("--one-linear", nargs=4, metavar=("OUT", "IN", "KIND", "BLOCKS"), default=None,
+                    help=argparse.SUPPRESS)   # one process of --shapes
     args = ap.parse_args(argv)
+
+    if args.one_linear:
+        o, i, kind, n_blocks = args.one_linear
+        print(json.dumps(one_linear(int(o), int(i), args.preset, kind, int(n_blocks))))
+        return
+    if args.shapes:
+        rows = []
+        for shape in args.shapes:
+            rows.append(measure_shape(shape, args.preset))
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
+        print("\n| shape | preset | weights per block | linears s | Hessians s | forward s | block s | s per M weights "
+              "| peak GiB | blocks | model h | load before |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\n".join(shape_row(r) for r in rows))
+        return
 
     from vq_gguf.default_model import fetch
     default = fetch(home())

@@ -76,6 +76,7 @@ def preset_from_args(args):
 
 
 def cmd_quantize(args) -> Path:
+    from .distributed import ranks
     from .quantize import quantize_model
     from .source import load_model
 
@@ -84,7 +85,8 @@ def cmd_quantize(args) -> Path:
     out = Path(args.out) if args.out else default_out(preset.name)
     path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
                           calib=args.calib)
-    print(describe(path))
+    if ranks().main:   # under torchrun, the others end before rank 0 has written the file
+        print(describe(path))
     return path
 
 

@@ -85,7 +85,7 @@ def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], ove
         if kv.key not in skip and not kv.key.startswith(ggml_vq.LINK_PREFIX):
             writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
     writer.add_key_value("general.file_type", file_type, GGUFValueType.UINT32)
-    links = {k: v for t_name, t in vq.items() for k, v in t.links(t_name).items()}
+    links = {k: v for name in source.tensors if name in vq for k, v in vq[name].links(name).items()}  # file order
     if vq:
         rope_neox = any(kv.key == ggml_vq.ROPE_NEOX_KEY and kv.value for kv in source.metadata)
         writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.format_version(shares=bool(links), rope_neox=rope_neox),

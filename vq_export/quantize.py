@@ -35,6 +35,7 @@ from tqdm import tqdm
 from . import agreement, ggml_vq, gguf_writer, hessian
 from .atomic import hold, is_held, replacing, sha256
 from .config import VQConfig
+from .distributed import Ranks, ranks
 from .kmeans import kmeans, nearest
 from .model import Model
 from .names import LINEAR_KINDS, block_of, is_linear, kind_of, linear
@@ -141,6 +142,11 @@ class Run:
     calib: list[str] = field(default_factory=list)
     seed: int = 0
     other_type: str = "q8_0"
+    ranks: Ranks = field(default_factory=Ranks)     # the processes sharing the work (distributed.py)
+
+    def mine(self, names: list[str]) -> list[str]:
+        """The weights of `names` this process quantizes."""
+        return self.ranks.mine(names, {n: self.source.tensors[n].size for n in names})
 
     @cached_property
     def key(self) -> str:
@@ -174,22 +180,30 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     if preset.method == "vptq" and not calib:
         from .calib import DEFAULT_CALIB
         calib = [DEFAULT_CALIB]
-    run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type)
+    run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type, ranks())
     check_fits(run)
     kept = sorted({n.split(".", 2)[2] for n, W in source.tensors.items()
                    if n.startswith("blk.") and W.ndim >= 2 and not is_linear(n)})
-    if kept:
+    if kept and run.ranks.main:
         print(f"[quantize] stay in {other_type}: {', '.join(kept)} (mixture-of-experts tensors: llama.cpp runs "
               f"experts through MUL_MAT_ID, which has no VQ kernel, and routers decide which experts run)", flush=True)
     if run.out.exists() and _file_key(run.out) == run.key:
-        print(f"[quantize] {run.out} is up to date (made from the same source, calibration text, settings, seed "
-              f"and code)", flush=True)
+        if run.ranks.main:
+            print(f"[quantize] {run.out} is up to date (made from the same source, calibration text, settings, "
+                  f"seed and code)", flush=True)
         return run.out
     gguf_writer.check_writable(run.out, 2 * estimate_bytes(run) + hessian_bytes(run) + 2**20)  # the GGUF's temporary copy and the parts
-    hold(run.parts)
-    _drop_torn_parts(run.parts)
+    if run.ranks.main:
+        hold(run.parts)
+        _drop_torn_parts(run.parts)
+    run.ranks.barrier()
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
+    if not run.ranks.main:   # its weights are in the parts folder: rank 0 fine-tunes and writes the file
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"[quantize] rank {run.ranks.rank}: {len(run.mine(names))} tensors in {time.time() - start:.0f} s, "
+              f"peak memory {peak_gib:.1f} GiB", flush=True)
+        return run.out
     if preset.finetune_steps:
         source = _finetune(run, done)
     elapsed = time.time() - start
@@ -205,7 +219,8 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
             continue
         print(f"[quantize] removing {stale.name}: parts of an earlier run with other inputs", flush=True)
         shutil.rmtree(stale, ignore_errors=True)
-    print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s, peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
+    world = f" over {run.ranks.world} processes, rank 0's" if run.ranks.world > 1 else ","
+    print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s{world} peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
     return path
 
 
@@ -246,16 +261,25 @@ def hessian_bytes(run: Run) -> int:
 
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
     done, report = {}, {}
-    for name in tqdm(run.names, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True):
+    for name in tqdm(run.mine(run.names), desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True,
+                     disable=not run.ranks.main):
         part = run.part(name)
         if part.exists():
-            done[name], report[name] = _load_part(part, {})
             continue
         cfg = dataclasses.replace(run.preset.config_for(name, run.source.n_blocks), seed=run.seed)
         done[name] = quantize_linear(run.source.tensors[name], cfg)
         report[name] = {}
         _save_part(part, done[name], report[name])
+    _gather_parts(run, run.names, done, report, {})
     return done, report
+
+
+def _gather_parts(run: Run, names: list[str], done: dict, report: dict, shared: dict[str, Shared]) -> None:
+    """Once every rank has saved its weights of `names`: those not in `done` read from their parts."""
+    run.ranks.barrier()
+    for name in names:
+        if name not in done:
+            done[name], report[name] = _load_part(run.part(name), shared)
 
 
 def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
@@ -263,51 +287,50 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     preset = run.preset
     tokens = calibration_tokens(run.source.path, run.calib, preset.n_calib + preset.n_heldout, preset.seq_len, run.seed)
     model = Model(run.source)
-    agreement.check(model, run.source.path, tokens[-2:])
+    if run.ranks.main:
+        agreement.check(model, run.source.path, tokens[-2:])
     x = model.embed(tokens)                       # [N, L, d]: calibration windows, then held-out windows
     n_fit = preset.n_calib
     g = _channel_weights(run, model, tokens[: min(preset.fisher_windows, n_fit)])
     shared = _shared_codebooks(run, model, x[:n_fit], g)
-    float_x = x if not preset.sequential else None
+    books = {s.name: s for s in shared.values()}
     done, report = {}, {}
-    bar = tqdm(total=len(run.names), desc=f"quantize {preset.name}", unit="tensor", dynamic_ncols=True)
+    bar = tqdm(total=len(run.names), desc=f"quantize {preset.name}", unit="tensor", dynamic_ncols=True,
+               disable=not run.ranks.main)
     last = max(block_of(n) for n in run.names)
     for i, blk in enumerate(model.blocks[: last + 1]):
-        todo = [n for n in LINEAR_KINDS if linear(i, n) in run.names]
-        float_w = dict(blk.w)
-        if any(not run.part(f"blk.{i}.{n}.weight").exists() for n in todo):   # a resumed run skips done blocks
+        todo = [linear(i, k) for k in LINEAR_KINDS if linear(i, k) in run.names]
+        mine = [n for n in run.mine(todo) if not run.part(n).exists()]   # a resumed run skips saved weights
+        if mine:
             H, _ = hessian.collect(blk, x[:n_fit])
             H_val, _ = hessian.collect(blk, x[n_fit:])
-        for short in todo:
-            name = f"blk.{i}.{short}.weight"
-            part = run.part(name)
+        for name in mine:
+            short = kind_of(name)
             bar.set_postfix_str(name)
-            if part.exists():
-                t, rep = _load_part(part, {s.name: s for s in shared.values()})
-            else:
-                cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
-                book = shared.get(name)
-                t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, channel_weight=g.get(name),
-                         codebook=None if book is None else torch.from_numpy(book.data.astype(np.float32))).quantize()
-                if book is not None:
-                    t.link(book)
-                W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
-                hv = H_val[hessian.INPUT_OF[short]]
-                rep = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, torch.zeros_like(W), hv),
-                       "rel_error_calib": proxy_loss(W, Wq, H[hessian.INPUT_OF[short]]) /
-                       proxy_loss(W, torch.zeros_like(W), H[hessian.INPUT_OF[short]]),
-                       "config": asdict(cfg)}
-                _save_part(part, t, rep)
-            done[name], report[name] = t, rep
-            blk.w[short] = torch.from_numpy(dequantize(t))
+            cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
+            book = shared.get(name)
+            t = VPTQ(blk.w[short], H[hessian.INPUT_OF[short]], cfg, channel_weight=g.get(name),
+                     codebook=None if book is None else torch.from_numpy(book.data.astype(np.float32))).quantize()
+            if book is not None:
+                t.link(book)
+            W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
+            hv = H_val[hessian.INPUT_OF[short]]
+            report[name] = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, torch.zeros_like(W), hv),
+                            "rel_error_calib": proxy_loss(W, Wq, H[hessian.INPUT_OF[short]]) /
+                            proxy_loss(W, torch.zeros_like(W), H[hessian.INPUT_OF[short]]),
+                            "config": asdict(cfg)}
+            done[name] = t
+            _save_part(run.part(name), t, report[name])
             bar.update(1)
         with torch.no_grad():
-            if preset.sequential:
-                x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
-            else:  # Hessians of the next block from the float model
-                blk.w.update(float_w)
-                float_x = torch.cat([blk(float_x[s:s + 8]) for s in range(0, float_x.shape[0], 8)])
-                x = float_x
+            if preset.sequential:   # the next block's Hessians from this block quantized
+                _gather_parts(run, todo, done, report, books)
+                bar.update(len(done) - bar.n)
+                for name in todo:
+                    blk.w[kind_of(name)] = torch.from_numpy(dequantize(done[name]))
+            x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+    _gather_parts(run, run.names, done, report, books)
+    bar.update(len(done) - bar.n)
     bar.close()
     return done, report
 
@@ -320,45 +343,57 @@ def _channel_weights(run: Run, model: Model, tokens: torch.Tensor) -> dict[str, 
     if kind != "fisher":
         raise ValueError(f"unknown channel weights {kind!r} (none, fisher)")
     path = run.parts / "fisher.npz"
-    if not path.exists():
+    if run.ranks.main and not path.exists():
         from .fisher import channel_fisher
         g = channel_fisher(model, tokens, run.names)
         with replacing(path, ".npz") as tmp:
             np.savez(tmp, **{n: v.numpy() for n, v in g.items()})
+    run.ranks.barrier()
     with np.load(path) as z:
         return {n: torch.from_numpy(z[n]) for n in run.names}
 
 
 def _shared_codebooks(run: Run, model: Model, x: torch.Tensor, g: dict[str, torch.Tensor]) -> dict[str, Shared]:
     """For the tensors of the preset's shared kinds: {name: its Shared codebook}, one per kind and config,
-    fitted to the float model's Hessians (kept in the parts folder, one loaded at a time)."""
+    fitted to the float model's Hessians (kept in the parts folder, each saved by the rank that quantizes its
+    weight, one loaded at a time)."""
     groups: dict[tuple[str, VQConfig], list[str]] = {}
     for name in run.names:
         kind = kind_of(name)
         if kind in run.preset.share:
             groups.setdefault((kind, dataclasses.replace(run.preset.config_for(name, run.source.n_blocks), seed=run.seed)), []).append(name)
+    label = {group: f"{group[0]}.{i}" for i, group in enumerate(groups)}
+    book_of = {group: run.parts / f"shared.{label[group]}.npy" for group in groups}
     hessian_of = {name: run.parts / f"H.{name}.npy" for names in groups.values() for name in names}
-    if any(not (run.parts / f"shared.{kind}.{i}.npy").exists() for i, (kind, _) in enumerate(groups)) and \
-            any(not h.exists() for h in hessian_of.values()):
-        last = max(block_of(n) for n in hessian_of)
-        for i, blk in enumerate(tqdm(model.blocks[: last + 1], desc="float Hessians (shared codebooks)", unit="block")):
+    # every rank decides from the same state (nothing is written between the barrier before and these checks)
+    to_fit = [group for group, path in book_of.items() if not path.exists()]
+    mine = [n for n in run.mine(list(hessian_of)) if not hessian_of[n].exists()]
+    if to_fit and mine:
+        last = max(block_of(n) for n in mine)
+        for i, blk in enumerate(tqdm(model.blocks[: last + 1], desc="float Hessians (shared codebooks)", unit="block",
+                                     disable=not run.ranks.main)):
             H, _ = hessian.collect(blk, x)
             for short in LINEAR_KINDS:
-                if f"blk.{i}.{short}.weight" in hessian_of:
-                    with replacing(hessian_of[f"blk.{i}.{short}.weight"], ".npy") as tmp:
+                if linear(i, short) in mine:
+                    with replacing(hessian_of[linear(i, short)], ".npy") as tmp:
                         np.save(tmp, H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
             with torch.no_grad():
                 x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
-    books = {}
-    for i, ((kind, cfg), names) in enumerate(groups.items()):
-        label, path = f"{kind}.{i}", run.parts / f"shared.{kind}.{i}.npy"
-        if not path.exists():
+    run.ranks.barrier()
+    for group in to_fit:
+        (kind, cfg), names = group, groups[group]
+        if run.ranks.main:
             print(f"[quantize] one codebook v={cfg.v} k={cfg.k} for {len(names)} {kind} tensors", flush=True)
-            layers = lambda: (VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg, channel_weight=g.get(n))  # noqa: E731
-                              for n in names)
-            with replacing(path, ".npy") as tmp:
-                np.save(tmp, shared_codebook(layers, cfg).numpy())
-        book = Shared(ggml_vq.shared_name(label, "vq_codebook"), np.load(path).astype(np.float16))
+        layers = [lambda n=n: VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg, channel_weight=g.get(n))
+                  for n in names]
+        C = shared_codebook(layers, cfg, ranks=run.ranks).numpy()
+        if run.ranks.main:
+            with replacing(book_of[group], ".npy") as tmp:
+                np.save(tmp, C)
+    run.ranks.barrier()
+    books = {}
+    for group, names in groups.items():
+        book = Shared(ggml_vq.shared_name(label[group], "vq_codebook"), np.load(book_of[group]).astype(np.float16))
         books.update({n: book for n in names})
     return books
 

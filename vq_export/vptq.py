@@ -7,10 +7,13 @@ layer-output error ‖(W − Ŵ)Xᵀ‖² = tr((W − Ŵ) H (W − Ŵ)ᵀ).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
 from .config import VQConfig
+from .distributed import Ranks
 from .kmeans import TAIL_POINTS, centroid_terms, kmeans, nearest, nearest_in
 from .vqtensor import VQTensor, to_vectors
 
@@ -270,37 +273,46 @@ class VPTQ:
         return t
 
 
-def shared_codebook(layers, cfg: VQConfig, max_points: int = 1 << 18) -> torch.Tensor:
+def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points: int = 1 << 18,
+                    ranks: Ranks = Ranks()) -> torch.Tensor:
     """One [1, k, v] codebook for several weights (format.md 4.1): Hessian-weighted k-means over their vectors
     (normalized as cfg says; Lloyd passes on a sample of max_points of them, which keeps k = 4096 over 30
     tensors to minutes, stratified as `kmeans` does with its TAIL_POINTS farthest vectors per weight always in it),
     then cfg.refit_rounds rounds of second-order assignment of each weight with the centroids moved to the
     weighted mean of the error-compensated targets assigned to them (all vectors).
-    `layers()` yields a fresh VPTQ per weight each time it is called, so only one Hessian is held at once."""
+    `layers[i]()` makes weight i's VPTQ, so only one Hessian is held at once. Over several ranks (distributed.py)
+    rank 0 runs the k-means and each rank assigns every world-th weight; the sums are kept per weight and
+    added in weight order, so the codebook does not depend on the number of ranks."""
     v = cfg.v
 
     def vectors(vp: VPTQ, Wp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         X, w = to_vectors(Wp, v), vp._weights(torch.arange(Wp.shape[1]), v)
         return X, (w if w.dim() == 2 else w[:, None].expand_as(X))
 
-    X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in _prepared(layers())))
-    n_weights, X, w = len(X), torch.cat(X), torch.cat(w)
-    C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
-                   tail_points=TAIL_POINTS * n_weights))[None]
-    del X, w
+    C = torch.empty(1, cfg.k, v)
+    if ranks.main:
+        X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in map(_prepared, layers)))
+        X, w = torch.cat(X), torch.cat(w)
+        C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
+                       tail_points=TAIL_POINTS * len(layers)))[None]
+        del X, w
+    C = ranks.broadcast(C)
     for _ in range(cfg.refit_rounds):
-        S, N = torch.zeros(cfg.k, v, dtype=torch.float64), torch.zeros(cfg.k, v, dtype=torch.float64)
-        for vp in _prepared(layers()):
+        S = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64)
+        N = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64)
+        for i in range(ranks.rank, len(layers), ranks.world):
+            vp = _prepared(layers[i])
             codes, _, _, _, target = vp._assign(C, None, None, 0)
             X, w = vectors(vp, target)
             idx = codes.T.reshape(-1)                     # to_vectors' order: column j, vector row p at j·P + p
-            S.index_add_(0, idx, (X * w).double())
-            N.index_add_(0, idx, w.double())
+            S[i].index_add_(0, idx, (X * w).double())
+            N[i].index_add_(0, idx, w.double())
+        S, N = ranks.gather(S).sum(0), ranks.gather(N).sum(0)
         C = f16(torch.where(N > 0, S / N.clamp_min(1e-300), C[0].double()).float())[None]
     return C
 
 
-def _prepared(layers):
-    for vp in layers:
-        vp._prepare()
-        yield vp
+def _prepared(make: Callable[[], VPTQ]) -> VPTQ:
+    vp = make()
+    vp._prepare()
+    return vp
