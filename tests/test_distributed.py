@@ -2,6 +2,7 @@
 process writes, byte for byte, shared codebooks included; a run that loses a rank mid-way resumes from the
 parts folder to that same file. The default model's first two blocks, a small preset: each run about 40 s."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def one_process(default_gguf, tmp_path_factory) -> bytes:
 def test_two_ranks_write_the_file_of_one(default_gguf, one_process, tmp_path):
     out = tmp_path / "m.gguf"
     log = finish(torchrun(2, default_gguf, out))
-    assert "over 2 processes" in log and "[quantize] rank 1: 7 tensors" in log    # the work was split
+    assert "over 2 processes" in log
+    assert 0 < int(re.search(r"\[quantize\] rank 1: (\d+) tensors", log)[1]) < 14    # the work was split
     assert out.read_bytes() == one_process
     assert not list(tmp_path.glob(".m.gguf.parts-*"))
 

@@ -43,7 +43,7 @@ class VPTQ:
         k-means and no refit of it here. `channel_weight` [out]: g_o, the weight of output channel o's error in
         the loss Σ_o g_o ‖ΔW_o X‖² (fisher.py; None: all 1, the paper's loss)."""
         self.W0 = torch.as_tensor(W, dtype=torch.float32).clone()
-        self.H0 = torch.as_tensor(H, dtype=torch.float64).clone()
+        self.H0 = torch.as_tensor(H, dtype=torch.float64)   # never written: weights that share H share one copy
         self.cfg = cfg
         self.codebook = codebook
         self.g = None if channel_weight is None else torch.as_tensor(channel_weight, dtype=torch.float32)
@@ -64,9 +64,12 @@ class VPTQ:
 
     def _prepare(self) -> None:
         cfg = self.cfg
-        W, H = self.W0.clone(), self.H0.clone()
+        # at in = 14336 one Hessian is 1.6 GB: only the copies the factorization needs are made, and freed
+        W, H = self.W0.clone(), self.H0
         dead = torch.diag(H) == 0
-        H[dead, dead] = 1
+        if dead.any():
+            H = H.clone()
+            H[dead, dead] = 1
         W[:, dead] = 0
         self.u = self.s = self.t = self.lanes = None
         if cfg.row_scale:
@@ -82,16 +85,22 @@ class VPTQ:
             self.s[self.s == 0] = 1
             W = (W - self.t) / self.s
             H = H * (self.s.double()[:, None] * self.s.double()[None, :])
-        self.W, self.H = W, H
+        self.W = W
         self.diag = torch.diag(H).clone()
-        H = H + cfg.damp * self.diag.mean() * torch.eye(H.shape[0], dtype=H.dtype)  # self.H stays undamped
         self.perm = torch.argsort(self.diag, descending=True) if cfg.act_order else torch.arange(H.shape[0])
-        L = torch.linalg.cholesky(H[self.perm][:, self.perm])
-        self.U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True).to(torch.float32)  # upper factor of H⁻¹
-        self.Hp = self.H[self.perm][:, self.perm]                    # undamped: the loss the refit minimises
+        self.Hp = H[self.perm[:, None], self.perm]                   # undamped: the loss the refit minimises
+        del H
+        damped = self.Hp.clone()
+        damped.diagonal().add_(cfg.damp * self.diag.mean())
+        L = torch.linalg.cholesky(damped)
+        del damped
+        inverse = torch.cholesky_inverse(L)
+        del L
+        self.U = torch.linalg.cholesky(inverse, upper=True).to(torch.float32)  # upper factor of H⁻¹
+        del inverse
         self.gp = self.group[self.perm]                              # group of each permuted column
         # an outlier codebook value o stands for o / s_j in Wn's terms
-        self.ounit = (1 / self.s[self.perm]) if self.s is not None else torch.ones(H.shape[0])
+        self.ounit = (1 / self.s[self.perm]) if self.s is not None else torch.ones(len(self.perm))
 
     # --- codebooks ----------------------------------------------------------------------------------
 
