@@ -147,7 +147,7 @@ class Run:
     def mine(self, names: list[str]) -> list[str]:
         """The weights of `names` this process quantizes. A weight's cost grows with its size and, through the
         refit's normal equations, its input width: size × (in + 2048) follows `quant_cost --shapes` (an
-        ffn_down costs 1.4 times an ffn_up of the same size at SmolLM2's shapes, 2.7 times at Llama-3-8B's)."""
+        ffn_down costs 1.4 times an ffn_up of the same size at SmolLM2's shapes, 3.3 times at Llama-3-8B's)."""
         return self.ranks.mine(names, {n: self.source.tensors[n].size * (self.source.tensors[n].shape[1] + 2048)
                                        for n in names})
 
@@ -212,8 +212,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     if not run.ranks.main:   # its weights are in the parts folder: rank 0 fine-tunes and writes the file
         peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"[quantize] rank {run.ranks.rank}: {sum(len(run.mine(b)) for b in run.blocks())} tensors in "
-              f"{time.time() - start:.0f} s, "
-              f"peak memory {peak_gib:.1f} GiB", flush=True)
+              f"{time.time() - start:.0f} s, peak memory {peak_gib:.1f} GiB", flush=True)
         return run.out
     if preset.finetune_steps:
         source = _finetune(run, done)
@@ -272,8 +271,8 @@ def hessian_bytes(run: Run) -> int:
 
 def _kmeans(run: Run) -> tuple[dict[str, VQTensor], dict]:
     done, report = {}, {}
-    for name in tqdm([n for b in run.blocks() for n in run.mine(b)], desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True,
-                     disable=not run.ranks.main):
+    mine = [n for b in run.blocks() for n in run.mine(b)]
+    for name in tqdm(mine, desc=f"quantize {run.preset.name}", unit="tensor", dynamic_ncols=True, disable=not run.ranks.main):
         part = run.part(name)
         if part.exists():
             continue
