@@ -87,8 +87,7 @@ def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
             for short in names:
                 h = hessian.INPUT_OF[short]
                 yield f"blk.{i}.{short}", blk.w[short], H[h], Hv[h]
-        with torch.no_grad():
-            x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+        x = blk.push(x)
 
 
 def held_out_error(W: torch.Tensor, Wq, Hv: torch.Tensor) -> float:

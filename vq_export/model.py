@@ -93,6 +93,11 @@ class Block:
         out = self.layer(x, **self.model.layer_kwargs(self.index, x.shape[1]))
         return out[0] if isinstance(out, tuple) else out
 
+    @torch.no_grad()
+    def push(self, x: torch.Tensor, batch: int = 8) -> torch.Tensor:
+        """The block's output for many windows x [N, L, d], `batch` windows at a time (as hessian.collect)."""
+        return torch.cat([self(x[s:s + batch]) for s in range(0, x.shape[0], batch)])
+
 
 class _Stop(Exception):
     pass

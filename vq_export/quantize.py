@@ -323,22 +323,19 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
                      codebook=None if book is None else torch.from_numpy(book.data.astype(np.float32))).quantize()
             if book is not None:
                 t.link(book)
-            W, Wq = blk.w[short], torch.from_numpy(dequantize(t))
-            hv = H_val[hessian.INPUT_OF[short]]
-            report[name] = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, torch.zeros_like(W), hv),
-                            "rel_error_calib": proxy_loss(W, Wq, H[hessian.INPUT_OF[short]]) /
-                            proxy_loss(W, torch.zeros_like(W), H[hessian.INPUT_OF[short]]),
-                            "config": asdict(cfg)}
+            W, Wq, zero = blk.w[short], torch.from_numpy(dequantize(t)), torch.zeros_like(blk.w[short])
+            hv, hc = H_val[hessian.INPUT_OF[short]], H[hessian.INPUT_OF[short]]
+            report[name] = {"rel_error_heldout": proxy_loss(W, Wq, hv) / proxy_loss(W, zero, hv),
+                            "rel_error_calib": proxy_loss(W, Wq, hc) / proxy_loss(W, zero, hc), "config": asdict(cfg)}
             done[name] = t
             _save_part(run.part(name), t, report[name])
             bar.update(1)
-        with torch.no_grad():
-            if preset.sequential:   # the next block's Hessians from this block quantized
-                _gather_parts(run, todo, done, report, books)
-                bar.update(len(done) - bar.n)
-                for name in todo:
-                    blk.w[kind_of(name)] = torch.from_numpy(dequantize(done[name]))
-            x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+        if preset.sequential:   # the next block's Hessians from this block quantized
+            _gather_parts(run, todo, done, report, books)
+            bar.update(len(done) - bar.n)
+            for name in todo:
+                blk.w[kind_of(name)] = torch.from_numpy(dequantize(done[name]))
+        x = blk.push(x)
     _gather_parts(run, run.names, done, report, books)
     bar.update(len(done) - bar.n)
     bar.close()
@@ -387,8 +384,7 @@ def _shared_codebooks(run: Run, model: Model, x: torch.Tensor, g: dict[str, torc
                 if linear(i, short) in mine:
                     with replacing(hessian_of[linear(i, short)], ".npy") as tmp:
                         np.save(tmp, H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
-            with torch.no_grad():
-                x = torch.cat([blk(x[s:s + 8]) for s in range(0, x.shape[0], 8)])
+            x = blk.push(x)
     run.ranks.barrier()
     for group in to_fit:
         (kind, cfg), names = group, groups[group]
