@@ -7,6 +7,7 @@ Q4_1) is run by llama.cpp with 8-bit activations, and transformers runs its dequ
 """
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +36,19 @@ class Agreement:
                 f"(logits' std {self.spread:.3g})")
 
 
-def measure(model, gguf: Path, tokens: torch.Tensor) -> Agreement:
-    """The logits of `model` (model.Model) and of llama.cpp on the GGUF file, for every window of tokens [N, L]."""
+def llama_cpp_logits(gguf: Path, tokens: np.ndarray) -> np.ndarray:
+    """llama.cpp's logits for every window of tokens [N, L]."""
     from vq_gguf.runtime.llama import Model as LlamaCpp
-    ours = model(tokens).float().cpu().numpy()
     with LlamaCpp(gguf, n_ctx=tokens.shape[1]) as m:
-        theirs = np.stack([m.logits(window.tolist()) for window in tokens])
+        return np.stack([m.logits(window.tolist()) for window in tokens])
+
+
+def measure(model, gguf: Path, tokens: torch.Tensor) -> Agreement:
+    """The logits of `model` (model.Model) and of llama.cpp on the GGUF file, for every window of tokens [N, L].
+    llama.cpp runs in a process of its own: the whole model it maps never counts in the quantizer's memory."""
+    ours = model(tokens).float().cpu().numpy()
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        theirs = pool.apply(llama_cpp_logits, (gguf, tokens.numpy()))
     diff = np.abs(ours - theirs)
     return Agreement(top1=float((ours.argmax(-1) == theirs.argmax(-1)).mean()), max_abs=float(diff.max()),
                      mean_abs=float(diff.mean()), spread=float(theirs.std()))

@@ -111,13 +111,8 @@ class Teacher:
     n_heldout: int
 
     @classmethod
-    def run(cls, src, tokens: torch.Tensor, n_heldout: int, batch: int = 4) -> "Teacher":
-        model = Model(src)
-        with torch.no_grad():
-            hidden = torch.cat([model.final_hidden(tokens[s:s + batch]).half()
-                                for s in tqdm(range(0, len(tokens), batch), desc="teacher (float model)", unit="batch",
-                                              dynamic_ncols=True)])
-        return cls(tokens, hidden, n_heldout)
+    def run(cls, src, tokens: torch.Tensor, n_heldout: int) -> "Teacher":
+        return cls(tokens, Model(src).final_hidden(tokens, desc="teacher (float model)").half(), n_heldout)
 
     def save(self, path: Path) -> Path:
         path = Path(path)
@@ -145,7 +140,7 @@ def finetune(src, vq: dict[str, VQTensor], teacher: Teacher, *, steps: int, lr: 
     so that they move as fast as the centroids relative to their size. `inputs` is stored in the checkpoint."""
     torch.backends.cuda.matmul.allow_tf32 = True   # on a GPU: TF32 products, F32 accumulation
     student, weights = _student(src, vq, device, row_scales)
-    norm_offsets = student.norms(src)
+    norm_offsets = student.norms()
     norms = {name: p.requires_grad_(True) for name, (p, _) in norm_offsets.items()}
     books = list({id(p): p for w in weights.values() for n, p in w.named_parameters() if n != "row_scale"}.values())
     scales = [w.row_scale for w in weights.values()] if row_scales else []

@@ -1,17 +1,19 @@
 """Write a GGUF for the patched llama.cpp: the source's metadata and tokenizer, VQ weights with their side
 tensors (docs/format.md), and every other tensor in a standard type. Written to a temporary file in the
-same folder, then renamed: a crash never leaves a half-written model under the final name."""
+same folder, then renamed: a crash never leaves a half-written model under the final name. A source tensor is
+read and converted only when its bytes are written, so writing holds one tensor of the source at a time."""
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, quant_shape_to_byte_shape
 from gguf.quants import quantize
 
 from . import ggml_vq
@@ -28,14 +30,36 @@ PLAIN_TYPES = {
 }
 
 
-def plain_tensor(values: np.ndarray, type_name: str) -> tuple[np.ndarray, GGMLQuantizationType | None]:
-    """A float tensor in one of PLAIN_TYPES: (array to write, raw type for quantized bytes or None)."""
+def plain_layout(shape: tuple[int, ...], type_name: str) -> tuple[tuple[int, ...], np.dtype, GGMLQuantizationType | None]:
+    """How a float tensor of `shape` is stored in one of PLAIN_TYPES: (array shape, array dtype, raw type for
+    quantized bytes or None). 1-D tensors stay F32."""
     qtype = PLAIN_TYPES[type_name][0]
-    if values.ndim < 2 or qtype == GGMLQuantizationType.F32:
-        return values.astype(np.float32), None
+    if len(shape) < 2 or qtype == GGMLQuantizationType.F32:
+        return shape, np.dtype(np.float32), None
     if qtype == GGMLQuantizationType.F16:
-        return values.astype(np.float16), None
-    return quantize(values.astype(np.float32), qtype), qtype
+        return shape, np.dtype(np.float16), None
+    return tuple(quant_shape_to_byte_shape(shape, qtype)), np.dtype(np.uint8), qtype
+
+
+def plain_tensor(values: np.ndarray, type_name: str) -> np.ndarray:
+    """A float tensor as plain_layout stores it."""
+    _, dtype, raw = plain_layout(values.shape, type_name)
+    return values.astype(dtype) if raw is None else quantize(values.astype(np.float32), raw)
+
+
+class Later:
+    """A tensor made when the writer writes it (GGUFWriter asks its shape, dtype and nbytes when the header is
+    written, and calls tofile once)."""
+
+    def __init__(self, make: Callable[[], np.ndarray], shape: tuple[int, ...], dtype: np.dtype):
+        self.make, self.shape, self.dtype = make, shape, dtype
+        self.nbytes = math.prod(shape) * dtype.itemsize
+
+    def tofile(self, f) -> None:
+        data = self.make()
+        if data.shape != self.shape or data.dtype != self.dtype:
+            raise ValueError(f"a tensor came out {data.dtype}{list(data.shape)}, announced {self.dtype}{list(self.shape)}")
+        data.tofile(f)
 
 
 def check_writable(path: Path, need_bytes: int) -> None:
@@ -94,7 +118,7 @@ def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], ove
         writer.add_key_value(key, value, GGUFValueType.STRING)
 
     stored: dict[str, np.ndarray] = {}   # shared side tensors written so far: each once, at its first weight
-    for name, values in source.tensors.items():
+    for name in source.tensors:
         if name in vq:
             for tname, data, raw in vq[name].gguf_tensors(name):
                 if tname in stored:
@@ -107,6 +131,7 @@ def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], ove
         elif name in override:
             writer.add_tensor(name, np.ascontiguousarray(override[name], dtype=np.float32))
         else:
-            data, raw = plain_tensor(values, other_type)
-            writer.add_tensor(name, data, raw_dtype=raw)
+            shape, dtype, raw = plain_layout(source.shape(name), other_type)
+            later = Later(lambda name=name: plain_tensor(source.tensors[name], other_type), shape, dtype)
+            writer.add_tensor(name, later, raw_dtype=raw)  # type: ignore[arg-type]  # read when written
     return writer

@@ -16,6 +16,7 @@ NEOX-style: the same model, computed on the rows where they are.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -228,7 +229,8 @@ def _converted(ck: Checkpoint, linears: list[str], llama_tree: Path, work: Path)
         state[f"{m}.weight"] = torch.stack([rows, torch.full_like(rows, PLACEHOLDER_ID + i)], dim=1)
     save_file(state, str(hf / "model.safetensors"), metadata={"format": "pt"})
     del state
-    return load_gguf(convert_hf(hf, llama_tree, work / "converted.gguf"))
+    src = load_gguf(convert_hf(hf, llama_tree, work / "converted.gguf"))
+    return dataclasses.replace(src, tensors=dict(src.tensors))   # in memory: the file goes with `work`
 
 
 def _placed(src: SourceModel, linears: list[str]) -> dict[str, tuple[str, np.ndarray]]:

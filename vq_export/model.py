@@ -17,33 +17,69 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .names import is_linear, parse_linear
 from .source import SourceError, SourceModel
 
 
 def load_transformers(src: SourceModel) -> torch.nn.Module:
-    """src's model as a transformers model in float32: from its Hugging Face directory, from its GGUF through
-    transformers' GGUF support, or (a model made in memory, a VQ file decoded) from its tensors written to a
-    temporary float GGUF."""
-    from transformers import AutoModelForCausalLM
+    """src's model as a whole transformers model in float32: from its Hugging Face directory, from its GGUF
+    through transformers' GGUF support, or (a model made in memory, a VQ file decoded) from its tensors written
+    to a temporary float GGUF."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    def load(path: Path, **kw) -> torch.nn.Module:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
-        return model.eval().requires_grad_(False)
-
     if src.hf_source is not None and src.hf_source.is_dir():
-        return load(src.hf_source)
+        return _from_pretrained(src.hf_source)
     if src.arch not in GGUF_SUPPORTED_ARCHITECTURES:
         raise SourceError(f"transformers cannot read a {src.arch} GGUF: quantize from the model's Hugging Face "
                           f"directory instead")
     if src.hf_source is not None:
-        return load(src.hf_source.parent, gguf_file=src.hf_source.name)
+        return _from_pretrained(src.hf_source.parent, gguf_file=src.hf_source.name)
     from . import gguf_writer
     with tempfile.TemporaryDirectory(prefix="vq-float-") as tmp:
         path = gguf_writer.write(Path(tmp) / "float.gguf", src, other_type="f32")
-        return load(path.parent, gguf_file=path.name)
+        return _from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _from_pretrained(path: Path, **kw) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
+    return model.eval().requires_grad_(False)
+
+
+class Checkpoint:
+    """A Hugging Face directory's safetensors, read one tensor at a time (as float32)."""
+
+    def __init__(self, hf_dir: Path):
+        from safetensors import safe_open
+        self.files = {}
+        for f in sorted(hf_dir.glob("*.safetensors")):
+            with safe_open(f, framework="pt") as st:
+                self.files.update(dict.fromkeys(st.keys(), f))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.files
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        from safetensors import safe_open
+        with safe_open(self.files[key], framework="pt") as st:
+            return st.get_tensor(key).to(torch.float32)
+
+
+def _skeleton(hf_dir: Path) -> tuple[torch.nn.Module, Checkpoint] | None:
+    """The transformers model of a Hugging Face directory with no parameter loaded yet (on the meta device;
+    buffers real), and its checkpoint, when every parameter is stored under its own name (else None: some
+    architectures' checkpoints are renamed or fused on load, and those are loaded whole)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    ck = Checkpoint(hf_dir)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir), dtype=torch.float32)
+    model.tie_weights()   # a tied head is the embedding's parameter, stored once
+    if any(n not in ck for n, _ in model.named_parameters()):
+        return None
+    return model.eval().requires_grad_(False), ck
 
 
 def row_order(W_gguf: np.ndarray, W_hf: np.ndarray) -> np.ndarray | None:
@@ -79,12 +115,29 @@ class Tap(torch.nn.Module):
 
 
 class Block:
-    """One decoder layer. `w` maps the kinds of its block linears (attn_q, ...) to their GGUF tensors; `linear`
-    can be swapped to observe or replace each matmul."""
+    """One decoder layer. `w` maps the kinds of its block linears (attn_q, ...) to their GGUF tensors, read
+    from the source at first use and held until `release`; `linear` can be swapped to observe or replace each
+    matmul."""
 
     def __init__(self, model: "Model", index: int, layer: torch.nn.Module):
         self.model, self.index, self.layer = model, index, layer
-        self.w: dict[str, torch.Tensor] = {}
+        self.names: dict[str, str] = {}       # kind -> GGUF tensor name
+        self._w: dict[str, torch.Tensor] | None = None
+
+    @property
+    def w(self) -> dict[str, torch.Tensor]:
+        if self._w is None:
+            read = self.model.source.tensors.__getitem__
+            self._w = {kind: torch.from_numpy(read(name)).to(self.model.device) for kind, name in self.names.items()}
+        return self._w
+
+    @property
+    def held(self) -> bool:
+        return self._w is not None
+
+    def release(self) -> None:
+        """Forget the weights (read again at next use): what keeps one block in memory at a time."""
+        self._w = None
 
     def linear(self, kind: str, x: torch.Tensor) -> torch.Tensor:
         return x @ self.w[kind].T
@@ -107,8 +160,9 @@ class Model:
     """The whole model: embed → blocks → final_hidden_of → logits_of, each step as transformers computes it."""
 
     def __init__(self, src: SourceModel, device: str | torch.device = "cpu"):
-        self.arch = src.arch
-        self.hf = load_transformers(src)
+        self.arch, self.source, self.device = src.arch, src, device
+        skeleton = _skeleton(src.hf_source) if src.hf_source is not None and src.hf_source.is_dir() else None
+        self.hf, checkpoint = skeleton or (load_transformers(src), None)
         base = getattr(self.hf, "model", None)
         if base is None or not hasattr(base, "layers") or not hasattr(base, "norm"):
             raise SourceError(f"{src.arch}: transformers' {type(self.hf).__name__} has no model.layers and model.norm")
@@ -119,38 +173,50 @@ class Model:
         for blk in self.blocks:
             for path, module in list(blk.layer.named_modules()):
                 if isinstance(module, torch.nn.Linear):
-                    self._tap(src, blk, path, module, device)
+                    self._tap(blk, path, module, checkpoint)
+        if checkpoint is not None:   # every parameter left is small (norms, embeddings, biases, head)
+            self.hf.load_state_dict({n: checkpoint[n] for n, _ in self.hf.named_parameters() if n in checkpoint},
+                                    strict=False, assign=True)
+            self.hf.tie_weights()
+            self.hf.requires_grad_(False)
         self.hf.to(device)
         self._kwargs: dict[int, list[dict]] = {}
-        self.device = device
 
-    def _tap(self, src: SourceModel, blk: Block, path: str, module: torch.nn.Linear, device) -> None:
+    def _tap(self, blk: Block, path: str, module: torch.nn.Linear, checkpoint: Checkpoint | None) -> None:
         hf_name = f"model.layers.{blk.index}.{path}"
         name = self.names.get_name(hf_name + ".weight", try_suffixes=(".weight",))
-        if name in src.tensors and not is_linear(name):
+        tensors = self.source.tensors
+        if name in tensors and not is_linear(name):
             return   # a router or shared-expert linear: transformers' own, llama.cpp's type in the file
-        if name is None or name not in src.tensors:
+        if name is None or name not in tensors:
             raise SourceError(f"{self.arch}: block linear {hf_name} has no GGUF tensor "
                               f"({name or 'no name in gguf-py tensor map'})")
-        order = row_order(src.tensors[name], module.weight.detach().numpy())
+        W_hf = module.weight.detach().numpy() if checkpoint is None else checkpoint[hf_name + ".weight"].numpy()
+        order = row_order(tensors[name], W_hf)
         if order is None:
             raise SourceError(f"{self.arch}: GGUF tensor {name} does not hold the values of {hf_name} in any row order")
         kind = parse_linear(name)[1]
-        blk.w[kind] = torch.from_numpy(src.tensors[name]).to(device)
+        blk.names[kind] = name
         parent, _, child = path.rpartition(".")
         tap = Tap(blk, kind, order, module.bias)
         blk.layer.get_submodule(parent).register_module(child, tap)
 
-    def norms(self, src: SourceModel) -> dict[str, tuple[torch.nn.Parameter, float]]:
+    def release(self) -> None:
+        """Every block's weights forgotten (read again at next use)."""
+        for blk in self.blocks:
+            blk.release()
+
+    def norms(self) -> dict[str, tuple[torch.nn.Parameter, float]]:
         """The norm weights by GGUF name, with the constant the GGUF adds to transformers' value (Gemma's
         converter stores 1 + w): fine-tuning trains the parameters and writes parameter + offset."""
         found = {}
         for hf_name, p in self.hf.named_parameters():
             name = self.names.get_name(hf_name, try_suffixes=(".weight",))
-            if p.ndim != 1 or name is None or not name.endswith("norm.weight") or name not in src.tensors:
+            if p.ndim != 1 or name is None or not name.endswith("norm.weight") or name not in self.source.tensors:
                 continue
-            diff = src.tensors[name] - p.detach().cpu().numpy()
-            if np.abs(diff - diff.mean()).max() > 1e-6 * max(1.0, float(np.abs(src.tensors[name]).max())):
+            stored = self.source.tensors[name]
+            diff = stored - p.detach().cpu().numpy()
+            if np.abs(diff - diff.mean()).max() > 1e-6 * max(1.0, float(np.abs(stored).max())):
                 raise SourceError(f"{self.arch}: GGUF tensor {name} is not {hf_name} plus a constant")
             found[name] = (p, round(float(diff.mean()), 6))
         return found
@@ -204,8 +270,18 @@ class Model:
             x = blk(x)
         return self.base.norm(x)
 
-    def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.final_hidden_of(self.embed(tokens))
+    @torch.no_grad()
+    def final_hidden(self, tokens: torch.Tensor, desc: str | None = None) -> torch.Tensor:
+        """final_hidden_of for tokens [N, L] without gradients, all windows through one block before the next:
+        a block not held before is read once and released after (one block in memory at a time). `desc`: a
+        progress bar's label."""
+        x = self.embed(tokens)
+        for blk in tqdm(self.blocks, desc=desc, unit="block", disable=desc is None, dynamic_ncols=True):
+            held = blk.held
+            x = blk.push(x)
+            if not held:
+                blk.release()
+        return self.base.norm(x)
 
     def logits_of(self, h: torch.Tensor) -> torch.Tensor:
         """The logits from final_hidden, with the architecture's logit scale (Granite) or soft cap (Gemma)."""
@@ -219,8 +295,8 @@ class Model:
         return y
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.logits_of(self.final_hidden(tokens))
+        return self.logits_of(self.final_hidden_of(self.embed(tokens)))
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.forward(tokens)
+        return self.logits_of(self.final_hidden(tokens))

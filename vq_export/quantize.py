@@ -148,8 +148,8 @@ class Run:
         """The weights of `names` this process quantizes. A weight's cost grows with its size and, through the
         refit's normal equations, its input width: size × (in + 2048) follows `quant_cost --shapes` (an
         ffn_down costs 1.4 times an ffn_up of the same size at SmolLM2's shapes, 3.3 times at Llama-3-8B's)."""
-        return self.ranks.mine(names, {n: self.source.tensors[n].size * (self.source.tensors[n].shape[1] + 2048)
-                                       for n in names})
+        shape = self.source.shape
+        return self.ranks.mine(names, {n: math.prod(shape(n)) * (shape(n)[1] + 2048) for n in names})
 
     def blocks(self) -> list[list[str]]:
         """The selected weights, block by block: the units the processes split among them."""
@@ -192,8 +192,8 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
         calib = [DEFAULT_CALIB]
     run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type, ranks())
     check_fits(run)
-    kept = sorted({n.split(".", 2)[2] for n, W in source.tensors.items()
-                   if n.startswith("blk.") and W.ndim >= 2 and not is_linear(n)})
+    kept = sorted({n.split(".", 2)[2] for n in source.tensors
+                   if n.startswith("blk.") and len(source.shape(n)) >= 2 and not is_linear(n)})
     if kept and run.ranks.main:
         print(f"[quantize] stay in {other_type}: {', '.join(kept)} (mixture-of-experts tensors: llama.cpp runs "
               f"experts through MUL_MAT_ID, which has no VQ kernel, and routers decide which experts run)", flush=True)
@@ -239,7 +239,7 @@ def check_fits(run: Run) -> None:
     input columns); a ValueError lists the tensors that do not."""
     misfits = []
     for name in run.names:
-        out_features, in_features = run.source.tensors[name].shape
+        out_features, in_features = run.source.shape(name)
         cfg = run.preset.config_for(name, run.source.n_blocks)
         if out_features % cfg.v or in_features % ggml_vq.BLOCK_SIZE:
             misfits.append(f"{name} [{out_features}, {in_features}] with v={cfg.v}")
@@ -253,19 +253,20 @@ def estimate_bytes(run: Run) -> int:
     """About the size of the output GGUF: index bits and codebooks of the VQ weights, other tensors in their type."""
     other = GGML_QUANT_SIZES[gguf_writer.PLAIN_TYPES[run.other_type][0]]
     total = 0.0
-    for name, W in run.source.tensors.items():
+    for name in run.source.tensors:
+        shape = run.source.shape(name)
         if name in run.names:
             cfg = run.preset.config_for(name, run.source.n_blocks)
             bits = math.log2(cfg.k) + (math.log2(cfg.k_res) if cfg.k_res else 0)
-            total += W.size * bits / cfg.v / 8 + 2 * cfg.v * (cfg.k + cfg.k_res) + 16 * sum(W.shape)
+            total += math.prod(shape) * bits / cfg.v / 8 + 2 * cfg.v * (cfg.k + cfg.k_res) + 16 * sum(shape)
         else:
-            total += W.size * (4 if W.ndim < 2 else other[1] / other[0])
+            total += math.prod(shape) * (4 if len(shape) < 2 else other[1] / other[0])
     return int(total)
 
 
 def hessian_bytes(run: Run) -> int:
     """The float Hessians that shared codebooks keep in the parts folder (F32)."""
-    return sum(4 * run.source.tensors[n].shape[1] ** 2 for n in run.names
+    return sum(4 * run.source.shape(n)[1] ** 2 for n in run.names
                if run.preset.method == "vptq" and kind_of(n) in run.preset.share)
 
 
@@ -336,6 +337,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             for name in todo:
                 blk.w[kind_of(name)] = torch.from_numpy(dequantize(done[name]))
         x = blk.push(x)
+        blk.release()
     _gather_parts(run, run.names, done, report, books)
     bar.update(len(done) - bar.n)
     bar.close()
@@ -353,6 +355,7 @@ def _channel_weights(run: Run, model: Model, tokens: torch.Tensor) -> dict[str, 
     if run.ranks.main and not path.exists():
         from .fisher import channel_fisher
         g = channel_fisher(model, tokens, run.names)
+        model.release()
         with replacing(path, ".npz") as tmp:
             np.savez(tmp, **{n: v.numpy() for n, v in g.items()})
     run.ranks.barrier()
@@ -385,6 +388,7 @@ def _shared_codebooks(run: Run, model: Model, x: torch.Tensor, g: dict[str, torc
                     with replacing(hessian_of[linear(i, short)], ".npy") as tmp:
                         np.save(tmp, H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
             x = blk.push(x)
+            blk.release()
     run.ranks.barrier()
     for group in to_fit:
         (kind, cfg), names = group, groups[group]
@@ -413,7 +417,7 @@ def _finetune(run: Run, done: dict[str, VQTensor]) -> SourceModel:
     tokens = calibration_tokens(run.source.path, run.calib, p.n_calib + p.n_heldout, p.seq_len, run.seed)
     norms = finetune(run.source, done, Teacher.run(run.source, tokens, p.n_heldout), steps=p.finetune_steps,
                      lr=p.finetune_lr, device=default_device(), checkpoint=run.parts / "finetune.pt", seed=run.seed)
-    return dataclasses.replace(run.source, tensors={**run.source.tensors, **norms})
+    return run.source.replacing(norms)
 
 
 def default_device() -> str:
