@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -258,7 +259,8 @@ def load(path: str | Path, *, llama_tree: Path | None = None, cache_dir: Path | 
         if llama_tree is None or cache_dir is None:
             raise SourceError("loading a Hugging Face directory needs the llama.cpp tree and a cache directory")
         outtype = checkpoint_type(path)
-        gguf_path = cache_dir / f"{path.resolve().name}.{outtype}.gguf"
+        where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]   # two folders of one name differ
+        gguf_path = cache_dir / f"{path.resolve().name}-{where}.{outtype}.gguf"
         if not gguf_path.exists() or gguf_path.stat().st_mtime < (path / "config.json").stat().st_mtime:
             convert_hf(path, llama_tree, gguf_path, outtype)
         return dataclasses.replace(load_gguf(gguf_path), hf_source=path)
