@@ -1,8 +1,8 @@
 """Bounded memory: the quantizer holds one block of a model, not the model. Two random llamas of SmolLM2's
 tokenizer that differ only in depth (2 and 14 blocks of 768 x 3072, float32 safetensors) are quantized by the
 same command, their first block by VPTQ, the rest copied to Q8_0; the deeper model's twelve extra blocks are
-415 MB in float32, and its peak memory (the run's own figure, ru_maxrss) must stay within half of that of the
-shallow model's. Reading the whole source as float32, loading the whole transformers model or running
+415 MB in float32, and its peak memory (the run's own figure, VmHWM) must stay within a quarter of that of
+the shallow model's. Reading the whole source as float32, loading the whole transformers model or running
 llama.cpp's agreement check in the quantizer's process each add about the extra blocks' float32 size or more.
 About 2 minutes."""
 import json
@@ -54,4 +54,4 @@ def test_peak_memory_does_not_grow_with_the_model(shallow, deep, default_gguf, t
     extra_gib = (deep - shallow) * BLOCK_FLOAT32 / 2**30
     print(f"peak {peaks[shallow]:.2f} GiB at {shallow} blocks, {peaks[deep]:.2f} GiB at {deep} "
           f"({extra_gib:.2f} GiB more float32 weights)")
-    assert peaks[deep] - peaks[shallow] < extra_gib / 2
+    assert peaks[deep] - peaks[shallow] < extra_gib / 4

@@ -90,7 +90,7 @@ def block_linears(shape: str) -> dict[str, tuple[int, int]]:
 def one_linear(out_features: int, in_features: int, preset_name: str, kind: str, n_blocks: int) -> dict:
     """VPTQ of one random [out, in] weight with the preset's settings for a middle block's `kind`: seconds and
     this process's peak memory."""
-    import resource
+    from vq_gguf.quantize import peak_memory_gib
     import torch
     from vq_gguf.hessian import INPUT_OF
     from vq_gguf.presets import PRESETS
@@ -111,7 +111,7 @@ def one_linear(out_features: int, in_features: int, preset_name: str, kind: str,
     VPTQ(W, H, cfg, codebook=book).quantize()
     seconds = time.time() - start
     return {"kind": kind, "shape": [out_features, in_features], "input": INPUT_OF[kind], "seconds": seconds,
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "peak_rss_gib": peak_memory_gib(),
             "config": f"v{cfg.v} k{cfg.k}" + (f" k_res{cfg.k_res}" if cfg.k_res else "") + (" shared" if book is not None else "")}
 
 

@@ -7,7 +7,9 @@ Q4_1) is run by llama.cpp with 8-bit activations, and transformers runs its dequ
 """
 from __future__ import annotations
 
-import multiprocessing
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,18 +39,20 @@ class Agreement:
 
 
 def llama_cpp_logits(gguf: Path, tokens: np.ndarray) -> np.ndarray:
-    """llama.cpp's logits for every window of tokens [N, L]."""
-    from vq_gguf.runtime.llama import Model as LlamaCpp
-    with LlamaCpp(gguf, n_ctx=tokens.shape[1]) as m:
-        return np.stack([m.logits(window.tolist()) for window in tokens])
+    """llama.cpp's logits for every window of tokens [N, L], computed by `python -m vq_gguf.agreement` in a
+    process of its own: the whole model llama.cpp maps never counts in the quantizer's memory."""
+    with tempfile.TemporaryDirectory(prefix="vq-agreement-") as tmp:
+        np.save(Path(tmp) / "tokens.npy", tokens)
+        proc = subprocess.run([sys.executable, "-m", "vq_gguf.agreement", str(gguf), tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SourceError(f"llama.cpp could not run {gguf}: {proc.stderr[-2000:]}")
+        return np.load(Path(tmp) / "logits.npy")
 
 
 def measure(model, gguf: Path, tokens: torch.Tensor) -> Agreement:
-    """The logits of `model` (model.Model) and of llama.cpp on the GGUF file, for every window of tokens [N, L].
-    llama.cpp runs in a process of its own: the whole model it maps never counts in the quantizer's memory."""
+    """The logits of `model` (model.Model) and of llama.cpp on the GGUF file, for every window of tokens [N, L]."""
     ours = model(tokens).float().cpu().numpy()
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        theirs = pool.apply(llama_cpp_logits, (gguf, tokens.numpy()))
+    theirs = llama_cpp_logits(gguf, tokens.numpy())
     diff = np.abs(ours - theirs)
     return Agreement(top1=float((ours.argmax(-1) == theirs.argmax(-1)).mean()), max_abs=float(diff.max()),
                      mean_abs=float(diff.mean()), spread=float(theirs.std()))
@@ -63,3 +67,11 @@ def check(model, gguf: Path, tokens: torch.Tensor) -> Agreement:
                           f"would describe another model than the file's; this architecture is not supported")
     print(f"[quantize] transformers and llama.cpp agree on {tokens.numel()} tokens of {gguf.name}: {a}", flush=True)
     return a
+
+
+if __name__ == "__main__":   # llama_cpp_logits' worker: python -m vq_gguf.agreement GGUF FOLDER
+    from vq_gguf.runtime.llama import Model as LlamaCpp
+    gguf, folder = Path(sys.argv[1]), Path(sys.argv[2])
+    windows = np.load(folder / "tokens.npy")
+    with LlamaCpp(gguf, n_ctx=windows.shape[1]) as m:
+        np.save(folder / "logits.npy", np.stack([m.logits(window.tolist()) for window in windows]))

@@ -210,7 +210,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
     if not run.ranks.main:   # its weights are in the parts folder: rank 0 fine-tunes and writes the file
-        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        peak_gib = peak_memory_gib()
         print(f"[quantize] rank {run.ranks.rank}: {sum(len(run.mine(b)) for b in run.blocks())} tensors in "
               f"{time.time() - start:.0f} s, peak memory {peak_gib:.1f} GiB", flush=True)
         return run.out
@@ -221,7 +221,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     path = gguf_writer.write(run.out, source, vq=done, other_type=other_type, progress=False,
                              extra_kv={ggml_vq.METHOD_KEY: preset.method, ggml_vq.PRESET_KEY: preset.name,
                                        ggml_vq.INPUTS_KEY: run.key})
-    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak_gib = peak_memory_gib()
     _write_report(run, report, elapsed, peak_gib)
     shutil.rmtree(run.parts)
     for stale in run.out.parent.glob(f".{run.out.name}.parts-*"):   # earlier runs' parts for this output
@@ -232,6 +232,19 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     world = f" over {run.ranks.world} processes, rank 0's" if run.ranks.world > 1 else ","
     print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s{world} peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
     return path
+
+
+def peak_memory_gib() -> float:
+    """This process's peak resident memory: VmHWM, the high-water mark of its own address space. ru_maxrss
+    (the fallback where there is no /proc) also counts the parent's memory at the moment it started this
+    process, so a run started by a large process would report that process's size."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def check_fits(run: Run) -> None:
