@@ -8,6 +8,9 @@ computes with the GGUF tensor (rows in llama.cpp's order: the values the writer 
 matched to its tensor by gguf-py's tensor-name map, and its row order by the values themselves (llama.cpp's
 converter reorders Q/K rows for some architectures); a module that no row order of its tensor reproduces is
 refused by name. Whether transformers and llama.cpp then run the same model is measured by agreement.py.
+
+A block's weights are read from the source when the block is first used and forgotten after it, so the model
+holds one block and its non-linear weights (docs/quantizer.md, "Memory").
 """
 from __future__ import annotations
 
@@ -179,6 +182,9 @@ class Model:
                                     strict=False, assign=True)
             self.hf.tie_weights()
             self.hf.requires_grad_(False)
+            empty = [n for n, p in self.hf.named_parameters() if p.is_meta]
+            if empty:
+                raise SourceError(f"{self.arch}: {src.hf_source} does not hold {', '.join(empty[:3])}")
         self.hf.to(device)
         self._kwargs: dict[int, list[dict]] = {}
 
