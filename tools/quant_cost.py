@@ -21,6 +21,12 @@ of a block (one with the Hessians, one through the quantized block) as the matri
 calibration tokens, in 4096-token batches as hessian.py takes them. A block's cost is the sum, a model's the
 block's times its depth: an extrapolation (the default model's row can be set against its measured run).
 A kind the preset shares is assigned to a random fixed codebook: the shared k-means is not included.
+
+    python -m vq_gguf.tools.quant_cost --whole llama3-8b --blocks 1 --preset 2bit
+
+`--whole` runs the whole command (agreement check, Hessians, every linear, the file) on a random llama of a
+real model's block shapes, a few blocks deep, with SmolLM2's tokenizer: the peak memory of a real run, which
+does not grow with depth.
 """
 from __future__ import annotations
 
@@ -54,19 +60,18 @@ def quantize(model: str | Path, preset: str, out: Path, extra: list[str] = ()) -
             "linear_bpw": bits.linear_bpw, "load_before": load, "command": " ".join(cmd)}
 
 
-def synthetic_llama(width_mult: int, folder: Path, tokenizer_gguf: Path) -> Path:
-    """A two-block llama of SmolLM2's shape scaled `width_mult` times in width, random weights, HF layout."""
+def synthetic_llama(out: Path, tokenizer_gguf: Path, hidden: int, ffn: int, heads: int, kv: int, blocks: int, *,
+                    tied: bool = True, seed: int = 0) -> Path:
+    """A llama of these widths and depth with random weights, Hugging Face layout, SmolLM2's tokenizer (made once)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    out = folder / f"synthetic-x{width_mult}"
     if (out / "config.json").exists():
         return out
     tok = AutoTokenizer.from_pretrained(tokenizer_gguf.parent, gguf_file=tokenizer_gguf.name)
-    torch.manual_seed(width_mult)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=SMOL_WIDTH * width_mult, intermediate_size=SMOL_FFN * width_mult,
-                      num_hidden_layers=2, num_attention_heads=SMOL_HEADS * width_mult,
-                      num_key_value_heads=SMOL_KV * width_mult, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=blocks,
+                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
+                      tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
@@ -183,7 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the quantized files in this folder (default: deleted)")
     ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=None,
                     help="measure these models' block shapes instead (see above); with --preset")
-    ap.add_argument("--preset", default="2bit", help="preset of --shapes")
+    ap.add_argument("--preset", default="2bit", help="preset of --shapes and --whole")
+    ap.add_argument("--whole", choices=SHAPES, default=None,
+                    help="instead: the whole quantize command on a random llama of this shape (untied head, "
+                         "SmolLM2's tokenizer), --blocks deep: its time and peak memory")
+    ap.add_argument("--blocks", type=int, default=1, help="depth of --whole's model")
     ap.add_argument("--one-linear", nargs=4, metavar=("OUT", "IN", "KIND", "BLOCKS"), default=None,
                     help=argparse.SUPPRESS)   # one process of --shapes
     args = ap.parse_args(argv)
@@ -207,6 +216,16 @@ def main(argv: list[str] | None = None) -> None:
     from vq_gguf.default_model import fetch
     default = fetch(home())
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.whole:
+        hidden, ffn, heads, kv, _ = SHAPES[args.whole]
+        model = synthetic_llama(args.workdir / f"{args.whole}-{args.blocks}", default, hidden, ffn, heads, kv,
+                                args.blocks, tied=False)
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            r = quantize(model, args.preset, Path(tmp) / "whole.gguf")
+        print("\n| model | preset | block-linear weights | bpw | quantize s | s per M weights | peak GiB | load before |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print(row(r))
+        return
     rows = []
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
@@ -214,8 +233,9 @@ def main(argv: list[str] | None = None) -> None:
         runs = [("default", p, Path(tmp) / f"default-{p}.gguf") for p in args.presets]
         runs += [(w, args.scale_preset, Path(tmp) / f"synthetic-x{w}.gguf") for w in args.widths]
         for model, preset, out in runs:
-            if model != "default":
-                model = synthetic_llama(model, args.workdir, default)
+            if model != "default":   # SmolLM2's layout, `model` times as wide, two blocks
+                model = synthetic_llama(args.workdir / f"synthetic-x{model}", default, SMOL_WIDTH * model,
+                                        SMOL_FFN * model, SMOL_HEADS * model, SMOL_KV * model, 2, seed=model)
             rows.append(quantize(model, preset, out))
             print(f"[cost] {row(rows[-1])}", flush=True)     # at once: a later failure keeps what was measured
             if args.json:
