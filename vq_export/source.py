@@ -11,6 +11,7 @@ one block of a model in memory, whatever the model's size. Every tensor is read 
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import hashlib
@@ -59,12 +60,12 @@ class TensorFile(Mapping[str, np.ndarray]):
     asked for (a new array each time: hold it as long as it is needed), with `replaced` tensors in place of the
     file's. Reads go through the file, not a memory map, so what was read leaves no pages in the process."""
 
-    def __init__(self, path: Path, reader: GGUFReader, replaced: Mapping[str, np.ndarray] | None = None):
+    def __init__(self, path: Path, reader: GGUFReader):
         self.path = path
         # name -> (offset, bytes, the reader's dtype and shape of the raw data, type): the header only
         self._where = {t.name: (int(t.data_offset), int(t.n_bytes), t.data.dtype, t.data.shape,
                                 GGMLQuantizationType(t.tensor_type)) for t in reader.tensors}
-        self._replaced = dict(replaced or {})
+        self._replaced: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self._replaced:
@@ -92,8 +93,8 @@ class TensorFile(Mapping[str, np.ndarray]):
 
     def replacing(self, tensors: Mapping[str, np.ndarray]) -> "TensorFile":
         """The same file with `tensors` (of its names) in place of the file's."""
-        new = object.__new__(TensorFile)
-        new.path, new._where, new._replaced = self.path, self._where, {**self._replaced, **tensors}
+        new = copy.copy(self)
+        new._replaced = {**self._replaced, **tensors}
         return new
 
 
