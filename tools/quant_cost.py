@@ -95,10 +95,10 @@ def block_linears(shape: str) -> dict[str, tuple[int, int]]:
 def one_linear(out_features: int, in_features: int, preset_name: str, kind: str, n_blocks: int) -> dict:
     """VPTQ of one random [out, in] weight with the preset's settings for a middle block's `kind`: seconds and
     this process's peak memory."""
-    from vq_gguf.quantize import peak_memory_gib
     import torch
     from vq_gguf.hessian import INPUT_OF
     from vq_gguf.presets import PRESETS
+    from vq_gguf.quantize import peak_memory_gib
     from vq_gguf.vptq import VPTQ
     preset = PRESETS[preset_name]
     cfg = preset.config_for(f"blk.{n_blocks // 2}.{kind}.weight", n_blocks)

@@ -220,9 +220,9 @@ def _student(src, vq: dict[str, VQTensor], device="cpu", row_scales: bool = Fals
     for w in weights.values():
         w.to(device)   # in place: a shared codebook stays one Parameter
     for i, blk in enumerate(student.blocks):
-        for kind in list(blk.w):
+        for kind in list(blk.names):   # never read: the VQ weights stand in for them
             if f"blk.{i}.{kind}.weight" in weights:
-                del blk.w[kind]
+                del blk.names[kind]
         blk.linear = _linear(blk, i, weights)
     return student, weights
 
