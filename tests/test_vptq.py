@@ -1,5 +1,7 @@
 """VPTQ on small synthetic layers with known answers: each step must lower the layer-output proxy loss
 tr((W − Ŵ) H (W − Ŵ)ᵀ), and the permutation must be undone exactly."""
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ import torch
 from vq_gguf.kmeans import nearest
 from vq_gguf.reference import dequantize
 from vq_gguf.config import VQConfig
-from vq_gguf.vptq import VPTQ, proxy_loss, shared_codebook
+from vq_gguf.vptq import VPTQ, output_error, proxy_loss, shared_codebook
 
 
 def layer(out_features=64, in_features=128, n_tokens=2048, seed=0):
@@ -195,3 +197,22 @@ def test_channel_weights_are_checked(bad):
     W, H = layer()
     with pytest.raises(ValueError, match="channel weights"):
         VPTQ(W, H, VQConfig(v=4, k=16), channel_weight=bad)
+
+
+def test_output_error_is_the_proxy_loss_of_the_inputs():
+    """The held-out score from inputs X equals the relative proxy loss under their Hessian XᵀX."""
+    g = torch.Generator().manual_seed(5)
+    W, Wq, X = (torch.randn(*shape, generator=g) for shape in ((32, 64), (32, 64), (300, 64)))
+    H = (X.T @ X).to(torch.float64)
+    assert output_error(W, Wq, X) == pytest.approx(proxy_loss(W, Wq, H) / proxy_loss(W, torch.zeros_like(W), H), rel=1e-5)
+
+
+def test_the_hessian_is_not_kept():
+    """VPTQ factors H in its constructor and keeps no reference: the caller's last one frees it (at a wide
+    input a Hessian is gigabytes, and the quantize loop hands each to its last weight)."""
+    W, H = layer()
+    ref = weakref.ref(H)
+    vp = VPTQ(W, H, VQConfig(v=4, k=16))
+    del H
+    assert ref() is None
+    vp.quantize()

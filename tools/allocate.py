@@ -24,8 +24,8 @@ from vq_gguf.names import parse_linear
 from vq_gguf.paths import home
 from vq_gguf.presets import PRESETS
 from vq_gguf.reference import dequantize
-from vq_gguf.tools.layer_proxy import FileWeights, float_hessians, held_out_error, tensor_bpw
-from vq_gguf.vptq import VPTQ
+from vq_gguf.tools.layer_proxy import FileWeights, float_hessians, tensor_bpw
+from vq_gguf.vptq import VPTQ, output_error
 
 
 def greedy(kl: dict[str, list[float]], bits: dict[str, list[float]], weights: dict[str, int], budget: float) -> dict[str, int]:
@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     src = source.load(args.model or fetch(home()))
     kl, bits, weights = {}, {}, {}
     print("| tensor | KL alone | " + " | ".join(t for t, _ in ladder) + " |\n|" + " --- |" * (2 + len(ladder)))
-    for name, W, H, Hv in float_hessians(src, [n.removesuffix(".weight") for n in s], args.calib_windows, args.heldout_windows):
-        e0 = held_out_error(W, f.weight(name + ".weight"), Hv)
+    for name, W, H, Xv in float_hessians(src, [n.removesuffix(".weight") for n in s], args.calib_windows, args.heldout_windows):
+        e0 = output_error(W, f.weight(name + ".weight"), Xv)
         rungs = [VPTQ(W, H, cfg).quantize() for _, cfg in ladder]
-        errs = [held_out_error(W, dequantize(t), Hv) for t in rungs]
+        errs = [output_error(W, dequantize(t), Xv) for t in rungs]
         kl[name] = [s[name + ".weight"] * e / e0 for e in errs]
         bits[name] = [tensor_bpw(t) for t in rungs]
         weights[name] = W.numel()

@@ -28,7 +28,7 @@ from vq_gguf.model import Model
 from vq_gguf.names import parse_linear
 from vq_gguf.paths import home
 from vq_gguf.reference import dequantize
-from vq_gguf.vptq import VPTQ, proxy_loss
+from vq_gguf.vptq import VPTQ, output_error
 from vq_gguf.vqtensor import VQTensor
 
 
@@ -61,20 +61,20 @@ def main(argv: list[str] | None = None) -> None:
     files = [(label, FileWeights(path)) for label, path in (f.split("=", 1) for f in args.files)]
     src = source.load(args.model or fetch(home()))
     print("| tensor | config | held-out error | bpw | seconds |\n| --- | --- | ---: | ---: | ---: |")
-    for name, W, H, Hv in float_hessians(src, args.tensors, args.calib_windows, args.heldout_windows):
+    for name, W, H, Xv in float_hessians(src, args.tensors, args.calib_windows, args.heldout_windows):
         for text, cfg in configs:
             start = time.time()
             t = VPTQ(W, H, cfg).quantize()
-            print(f"| {name} | {text} | {held_out_error(W, dequantize(t), Hv):.2%} | {tensor_bpw(t):.3f} | {time.time() - start:.0f} |", flush=True)
+            print(f"| {name} | {text} | {output_error(W, dequantize(t), Xv):.2%} | {tensor_bpw(t):.3f} | {time.time() - start:.0f} |", flush=True)
         for label, f in files:
-            err = held_out_error(W, f.weight(name + ".weight"), Hv)
+            err = output_error(W, f.weight(name + ".weight"), Xv)
             bits = f.bits[name + ".weight"]
             print(f"| {name} | {label} ({bits.type}) | {err:.2%} | {bits.bpw:.3f} | – |", flush=True)
 
 
 def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
-    """(blk.N.KIND, W, H, H_heldout) of each named block linear, in block order: Hessians of its input from n_calib
-    calibration windows pushed through the float model, and from n_heldout more for scoring."""
+    """(blk.N.KIND, W, H, X_heldout) of each named block linear, in block order: the Hessian of its input from
+    n_calib calibration windows pushed through the float model, and its inputs from n_heldout more for scoring."""
     wanted = {parse_linear(t) for t in tensors}
     tokens = calibration_tokens(src.path, [DEFAULT_CALIB], n_calib + n_heldout, 512)
     model = Model(src)
@@ -83,16 +83,11 @@ def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
         names = [s for b, s in sorted(wanted) if b == i]
         if names:
             H, _ = hessian.collect(blk, x[:n_calib])
-            Hv, _ = hessian.collect(blk, x[n_calib:])
+            Xv = hessian.inputs(blk, x[n_calib:])
             for short in names:
                 h = hessian.INPUT_OF[short]
-                yield f"blk.{i}.{short}", blk.w[short], H[h], Hv[h]
+                yield f"blk.{i}.{short}", blk.w[short], H[h], Xv[h]
         x = blk.push(x)
-
-
-def held_out_error(W: torch.Tensor, Wq, Hv: torch.Tensor) -> float:
-    """‖(W − Ŵ)Xᵀ‖² / ‖WXᵀ‖² over the held-out inputs whose Hessian is Hv."""
-    return proxy_loss(W, torch.as_tensor(Wq), Hv) / proxy_loss(W, torch.zeros_like(W), Hv)
 
 
 def tensor_bpw(t: VQTensor) -> float:

@@ -212,6 +212,13 @@ class Model:
         for blk in self.blocks:
             blk.release()
 
+    def drop_ends(self) -> None:
+        """Free the embedding and the head: the quantize loop runs blocks only once the windows are embedded
+        (at Llama-3-8B's vocabulary each is 2.1 GB in float32). The model cannot embed or give logits after."""
+        for module in (self.hf.get_input_embeddings(), self.hf.get_output_embeddings()):
+            if module is not None:
+                module.to("meta")
+
     def norms(self) -> dict[str, tuple[torch.nn.Parameter, float]]:
         """The norm weights by GGUF name, with the constant the GGUF adds to transformers' value (Gemma's
         converter stores 1 + w): fine-tuning trains the parameters and writes parameter + offset."""
@@ -242,7 +249,8 @@ class Model:
                     raise _Stop
                 return hidden_states
 
-            self._each_layer(record, lambda: self.hf(torch.zeros(1, length, dtype=torch.long, device=self.device), use_cache=False))
+            zeros = torch.zeros(1, length, self.config.hidden_size, device=self.device)   # not the embedding: drop_ends
+            self._each_layer(record, lambda: self.hf(inputs_embeds=zeros, use_cache=False))
             self._kwargs[length] = seen
         return self._kwargs[length][index]
 

@@ -29,8 +29,17 @@ def proxy_loss(W: torch.Tensor, Wq: torch.Tensor, H: torch.Tensor) -> float:
     return float(((D @ H.to(torch.float64)) * D).sum())
 
 
+def output_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
+    """‖(W − Ŵ)Xᵀ‖² / ‖WXᵀ‖²: the output error relative to the output, from the inputs X [tokens, in]
+    themselves (few tokens: cheaper than their Hessian)."""
+    def sq(D: torch.Tensor) -> float:
+        return float((D @ X.T).to(torch.float64).pow(2).sum())
+    return sq(W - torch.as_tensor(Wq)) / sq(W)
+
+
 class VPTQ:
-    """Quantizes one weight. Usage: VPTQ(W, H, cfg).quantize() -> VQTensor.
+    """Quantizes one weight. Usage: VPTQ(W, H, cfg).quantize() -> VQTensor. The constructor normalizes W and
+    factors H; it keeps no reference to H, so a caller that passes its last one frees it then.
 
     With col_norm / row_scale the codebooks quantize Wn, where W = u ⊙rows (Wn ⊙cols s + t) (format.md §5).
     The column scaling moves into the Hessian (H' = S H S) and the row scale into lane weights u² of every
@@ -42,8 +51,7 @@ class VPTQ:
         """`codebook` [1, k, v]: a fixed main codebook (one several weights share, see shared_codebook): no
         k-means and no refit of it here. `channel_weight` [out]: g_o, the weight of output channel o's error in
         the loss Σ_o g_o ‖ΔW_o X‖² (fisher.py; None: all 1, the paper's loss)."""
-        self.W0 = torch.as_tensor(W, dtype=torch.float32).clone()
-        self.H0 = torch.as_tensor(H, dtype=torch.float64)   # never written: weights that share H share one copy
+        self.W0 = torch.as_tensor(W, dtype=torch.float32)   # not a copy: never written
         self.cfg = cfg
         self.codebook = codebook
         self.g = None if channel_weight is None else torch.as_tensor(channel_weight, dtype=torch.float32)
@@ -59,17 +67,16 @@ class VPTQ:
             raise ValueError(f"{cfg.groups} column groups do not divide {in_features} input columns")
         self.P = out_features // cfg.v
         self.group = torch.arange(in_features) // (in_features // cfg.groups)   # per original column
+        self._prepare(torch.as_tensor(H, dtype=torch.float64))
 
     # --- normalization and Hessian preparation ------------------------------------------------------
 
-    def _prepare(self) -> None:
+    def _prepare(self, H: torch.Tensor) -> None:
         cfg = self.cfg
-        # at in = 14336 one Hessian is 1.6 GB: only the copies the factorization needs are made, and freed
-        W, H = self.W0.clone(), self.H0
-        dead = torch.diag(H) == 0
-        if dead.any():
-            H = H.clone()
-            H[dead, dead] = 1
+        W = self.W0.clone()
+        diag = torch.diag(H).clone()
+        dead = diag == 0                                             # inputs that are always zero
+        diag[dead] = 1
         W[:, dead] = 0
         self.u = self.s = self.t = self.lanes = None
         if cfg.row_scale:
@@ -84,23 +91,39 @@ class VPTQ:
             self.s = W.std(0, unbiased=False)
             self.s[self.s == 0] = 1
             W = (W - self.t) / self.s
-            H = H * (self.s.double()[:, None] * self.s.double()[None, :])
-        self.W = W
-        self.diag = torch.diag(H).clone()
-        self.perm = torch.argsort(self.diag, descending=True) if cfg.act_order else torch.arange(H.shape[0])
-        self.Hp = H[self.perm[:, None], self.perm]                   # undamped: the loss the refit minimises
-        del H
-        damped = self.Hp.clone()
-        damped.diagonal().add_(cfg.damp * self.diag.mean())
-        L = torch.linalg.cholesky(damped)
-        del damped
-        inverse = torch.cholesky_inverse(L)
-        del L
-        self.U = torch.linalg.cholesky(inverse, upper=True).to(torch.float32)  # upper factor of H⁻¹
-        del inverse
+            diag = diag * (self.s.double() * self.s.double())        # H' = S H S
+        self.W, self.diag = W, diag
+        self.perm = torch.argsort(diag, descending=True) if cfg.act_order else torch.arange(len(diag))
+        # At in = 14336 one float64 Hessian is 1.6 GB: beside the caller's, one copy is factored in place and
+        # freed before the refit's float32 one is made.
+        Hp = self._permuted(H, dead, torch.float64)
+        Hp.diagonal().add_(cfg.damp * diag.mean())
+        F = Hp.mT                                                    # column-major, as LAPACK factors in place
+        torch.linalg.cholesky(F, out=F)                              # H = LLᵀ
+        torch.cholesky_inverse(F, out=F)                             # H⁻¹
+        torch.linalg.cholesky(F, out=F)                              # H⁻¹ = MMᵀ, so Hp (= Fᵀ) holds Mᵀ
+        self.U = Hp.to(torch.float32)                                # upper factor of H⁻¹
+        del Hp, F
+        self.Hp = self._permuted(H, dead, torch.float32)             # undamped: the loss the refit minimises
         self.gp = self.group[self.perm]                              # group of each permuted column
         # an outlier codebook value o stands for o / s_j in Wn's terms
         self.ounit = (1 / self.s[self.perm]) if self.s is not None else torch.ones(len(self.perm))
+
+    def _permuted(self, H: torch.Tensor, dead: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """H' = S H S in the order perm, the dead inputs' diagonal 1, in `dtype`: computed in float64 and
+        rounded 1024 rows at a time, so a float32 copy is made without a float64 one."""
+        n, step = len(self.perm), 1024
+        out = torch.empty(n, n, dtype=dtype)
+        sp = None if self.s is None else self.s.double()[self.perm]
+        dead_p = dead[self.perm]
+        for r in range(0, n, step):
+            rows = H[self.perm[r:r + step, None], self.perm]
+            d = dead_p[r:r + step].nonzero().flatten()
+            rows[d, r + d] = 1
+            if sp is not None:
+                rows.mul_(torch.outer(sp[r:r + step], sp))
+            out[r:r + step] = rows
+        return out
 
     # --- codebooks ----------------------------------------------------------------------------------
 
@@ -196,7 +219,7 @@ class VPTQ:
         row_scale). Unused entries are held at their old value by a small ridge.
         """
         v, P, G = self.cfg.v, self.P, self.cfg.groups
-        H = self.Hp.to(torch.float32)
+        H = self.Hp
         K1 = C.shape[1]
         Z0 = torch.cat([C.reshape(-1, v)] + ([R.reshape(-1, v)] if R is not None else []))
         K = Z0.shape[0]
@@ -233,7 +256,6 @@ class VPTQ:
     def quantize(self) -> VQTensor:
         cfg, P, v = self.cfg, self.P, self.cfg.v
         out_features, in_features = self.W0.shape
-        self._prepare()
         Wp = self.W[:, self.perm]
         n_out = int(round(cfg.outlier_frac * in_features))
 
@@ -300,7 +322,7 @@ def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points:
 
     C = torch.empty(1, cfg.k, v)
     if ranks.main:
-        X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in map(_prepared, layers)))
+        X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in (make() for make in layers)))
         X, w = torch.cat(X), torch.cat(w)
         C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
                        tail_points=TAIL_POINTS * len(layers)))[None]
@@ -310,7 +332,7 @@ def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points:
         S = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64)
         N = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64)
         for i in range(ranks.rank, len(layers), ranks.world):
-            vp = _prepared(layers[i])
+            vp = layers[i]()
             codes, _, _, _, target = vp._assign(C, None, None, 0)
             X, w = vectors(vp, target)
             idx = codes.T.reshape(-1)                     # to_vectors' order: column j, vector row p at j·P + p
@@ -319,9 +341,3 @@ def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points:
         S, N = ranks.gather(S).sum(0), ranks.gather(N).sum(0)
         C = f16(torch.where(N > 0, S / N.clamp_min(1e-300), C[0].double()).float())[None]
     return C
-
-
-def _prepared(make: Callable[[], VPTQ]) -> VPTQ:
-    vp = make()
-    vp._prepare()
-    return vp
