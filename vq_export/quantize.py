@@ -334,7 +334,8 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             H, _ = hessian.collect(blk, x[:n_fit])
             X_val = hessian.inputs(blk, x[n_fit:])
         for name in mine:
-            short, key = kind_of(name), hessian.INPUT_OF[kind_of(name)]
+            short = kind_of(name)
+            key = hessian.INPUT_OF[short]
             bar.set_postfix_str(name)
             cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
             book = shared.get(name)
