@@ -16,4 +16,4 @@ test: setup-test
 	vq-gguf build --server --rpc
 	vq-gguf build --sanitize
 	vq-gguf build --cross aarch64
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25

@@ -17,7 +17,10 @@ import pytest
 from tests import REPO
 from vq_gguf.paths import home
 
-PROMPT = "What is the capital of France?"
+# "Answer in one word." keeps the first token well ahead of the next (by about 1.5 logits, float and 4bit):
+# the bare question is a near-tie between "The" and "L'" for this model, which float rounding on another CPU
+# turns into an answer in French
+PROMPT = "What is the capital of France? Answer in one word."
 
 
 @pytest.fixture(scope="module")

@@ -75,9 +75,9 @@ def test_context_overflow_is_an_error(model):
 
 
 def test_stock_llama_cpp_types_run_too(default_gguf):
-    # the source file itself (Q4_1, lossless for this model) answers a factual question (under the template's own
-    # system turn, "You are … SmolLM", this file answers in French: a plain one keeps the test about the types)
+    # the source file itself (Q4_1, lossless for this model) answers a factual question (the bare question is a
+    # near-tie between "The" and "L'" for this model: "Answer in one word." keeps the test about the types)
     with Model(default_gguf, n_ctx=512) as m:
-        chat = Chat(m, system="You are a helpful assistant.", sampler=SamplerConfig(temperature=0))
-        answer = "".join(chat.send("What is the capital of France?", max_tokens=24))
+        chat = Chat(m, sampler=SamplerConfig(temperature=0))
+        answer = "".join(chat.send("What is the capital of France? Answer in one word.", max_tokens=24))
     assert "Paris" in answer
