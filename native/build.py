@@ -154,6 +154,12 @@ def cmake_build(tree: Path, build: Path, opts: dict[str, str], targets: list[str
                         "-DGGML_CCACHE=ON", f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT[:9]}"],
                        check=True, stdout=subprocess.DEVNULL, env=env)
     log(f"building {' '.join(targets)} with {jobs} jobs")
+    env = dict(env or os.environ)
+    base = Path(os.path.commonpath([tree, build]))
+    if base != Path(base.anchor):
+        # ccache hashes the compile command, whose paths name this folder: relative to it, a build in another
+        # $VQ_GGUF_HOME (an installed copy, a test's venv) finds the objects this one compiled
+        env.setdefault("CCACHE_BASEDIR", str(base))
     subprocess.run(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], check=True, env=env)
 
 

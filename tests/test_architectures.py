@@ -171,6 +171,8 @@ def test_fine_tuning_writes_norms_in_the_files_convention(arch_model, windows):
 def test_a_preset_that_does_not_fit_the_shapes_is_refused_before_any_work(arch_model, tmp_path):
     src = arch_model[1]
     preset = Preset("v3", "kmeans", VQConfig(v=3, k=16))   # 3 divides none of the tiny models' widths
-    with pytest.raises(ValueError, match=r"preset v3 does not fit \d+ tensors.*blk\.0\..* with v=3"):
+    with pytest.raises(ValueError, match=r"preset v3 does not fit \d+ tensors.*blk\.0\..* with v=3") as e:
         quantize_model(src, tmp_path / "never.gguf", preset)
     assert not any(tmp_path.iterdir())
+    fitting = str(e.value).split("Presets that fit this model: ")[1].split(", ")
+    assert "4bit" in fitting and "2bit" in fitting and "2bit-shared" not in fitting and "4bit-shared" not in fitting

@@ -5,6 +5,7 @@
     python -m vq_gguf.tools.bench --threads 2 --reps 3 --rounds 2 --wait-idle 120 --json out.json --md out.md
     python -m vq_gguf.tools.bench --vq 2bit=FILE --synthetic 3bit 4bit   # residual presets by geometry (see --help)
     python -m vq_gguf.tools.bench --micro                          # kernel micro-benchmark, ns per weight per token
+    python -m vq_gguf.tools.bench --memory-bound 4096 14336 --threads 1   # one token at 8B's shapes vs bandwidth
 
 Files (made once from the default model and cached in --workdir, default $VQ_GGUF_HOME/bench):
   float.gguf          the default model, every matrix F16 (vq_export's writer)
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -242,6 +244,47 @@ def micro(threads: int = 1, in_out: tuple[int, int] = (576, 1536), tokens=(1, 2,
     return "\n".join(lines)
 
 
+# the presets' layouts at real shapes, against llama.cpp's types of the nearest sizes (bars in docs/kernels.md)
+MEMORY_BOUND_PRESETS = ["2bit", "2bit-shared", "3bit", "3bit-shared", "4bit", "4bit-shared"]
+MEMORY_BOUND_TYPES = ["iq2_xxs", "iq2_s", "q2_K", "iq3_s", "iq4_nl", "q4_K"]
+MEMORY_BOUND_BYTES = 512 << 20   # weights read per MUL_MAT round: far more than any cache
+
+
+def memory_bound(threads: int, in_out: tuple[int, int], reps: int = 5) -> str:
+    """One token through weights of in x out (e.g. Llama-3-8B's ffn_up, 4096 x 14336), enough of them that
+    every round reads them from memory: each preset's layout for such a weight (ffn_up in the middle of a
+    32-block model) and llama.cpp's types, as the fraction of the memory read bandwidth measured with as many
+    threads just before (test-vq-matmul bench and bench-type: the weights' bytes, side tensors included, over
+    the best round's time)."""
+    from vq_gguf.presets import PRESETS
+    bw = bandwidth(threads)
+
+    def row(label: str, args: list) -> str:
+        out = run([tool("test-vq-matmul"), *args])
+        ns, bits, rate = (float(re.search(rf"([0-9.]+) {unit}", out).group(1))
+                          for unit in ("ns/weight/token", "bits/weight read", "GB/s read"))
+        return f"| {label} | {bits:.3f} | {ns:.4f} | {rate:.1f} | {rate / bw:.2f} |"
+
+    lines = [f"memory read bandwidth, {threads} thread(s): {bw:.1f} GB/s", "",
+             f"| weight {in_out[0]} x {in_out[1]}, 1 token, {threads} thread(s) | bits/weight read | ns/weight "
+             "| GB/s read | of bandwidth |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name in MEMORY_BOUND_PRESETS:
+        cfg = PRESETS[name].config_for("blk.16.ffn_up.weight", 32)
+        if cfg.groups != 1 or cfg.outlier_frac or cfg.col_norm:
+            raise SystemExit(f"preset {name}: test-vq-matmul bench has no groups, outliers or column norms")
+        if in_out[1] % cfg.v:
+            lines.append(f"| {name}: v{cfg.v} does not divide {in_out[1]} outputs (the preset refuses this shape) | | | | |")
+            continue
+        bits = cfg.index_bits / cfg.v
+        mats = max(2, round(MEMORY_BOUND_BYTES * 8 / (bits * in_out[0] * in_out[1])))
+        label = f"{name}: v{cfg.v} k{cfg.k}" + (f" + {cfg.k_res}" if cfg.k_res else "") + (", row scales" if cfg.row_scale else "")
+        lines.append(row(label, ["bench", cfg.v, cfg.k, cfg.k_res or 1, *in_out, 1, threads, mats, reps, int(cfg.row_scale)]))
+    for t in MEMORY_BOUND_TYPES:
+        mats = max(2, round(MEMORY_BOUND_BYTES / (in_out[0] * in_out[1] / 2)))   # as many bytes as 4-bit weights
+        lines.append(row(f"llama.cpp {t}", ["bench-type", t, *in_out, 1, threads, mats, reps]))
+    return "\n".join(lines)
+
+
 def llama_bench(files: list[Path], threads: int, reps: int, n_prompt: int, n_gen: int) -> list[dict]:
     cmd = [tool("llama-bench"), "-t", threads, "-p", n_prompt, "-n", n_gen, "-r", reps, "-o", "json"]
     for f in files:
@@ -270,11 +313,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--md", type=Path, default=None, help="write the markdown table here")
     ap.add_argument("--micro", action="store_true", help="only the kernel micro-benchmark (ns per weight per token)")
+    ap.add_argument("--memory-bound", nargs=2, type=int, default=None, metavar=("IN", "OUT"),
+                    help="only one token through weights of IN x OUT (e.g. 4096 14336) against the memory bandwidth, "
+                         "each preset's layout and llama.cpp's types, at --threads")
     args = ap.parse_args(argv)
-    if args.micro:
+    if args.micro or args.memory_bound:
         busy = wait_idle(args.wait_idle) if args.wait_idle else cpu_busy()
-        print(f"test-vq-matmul bench; load average {load_average()}; CPU busy before {busy:.0%}\n")
-        print(micro(1))
+        print(f"test-vq-matmul; load average {load_average()}; CPU busy before {busy:.0%}\n")
+        print(memory_bound(args.threads, tuple(args.memory_bound)) if args.memory_bound else micro(1))
         return
 
     from vq_gguf.paths import home

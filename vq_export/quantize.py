@@ -39,7 +39,7 @@ from .distributed import Ranks, ranks
 from .kmeans import kmeans, nearest
 from .model import Model
 from .names import LINEAR_KINDS, block_of, is_linear, kind_of, linear
-from .presets import Preset
+from .presets import PRESETS, Preset
 from .reference import dequantize
 from .source import SourceModel
 from .vptq import VPTQ, output_error, shared_codebook
@@ -249,17 +249,24 @@ def peak_memory_gib() -> float:
 
 def check_fits(run: Run) -> None:
     """Before any work: every tensor's settings fit its shape (v divides the output channels, whole blocks of
-    input columns); a ValueError lists the tensors that do not."""
-    misfits = []
-    for name in run.names:
-        out_features, in_features = run.source.shape(name)
-        cfg = run.preset.config_for(name, run.source.n_blocks)
-        if out_features % cfg.v or in_features % ggml_vq.BLOCK_SIZE:
-            misfits.append(f"{name} [{out_features}, {in_features}] with v={cfg.v}")
+    input columns); a ValueError lists the tensors that do not and the shipped presets that fit them all."""
+    misfits = _misfits(run.preset, run)
     if misfits:
+        fitting = [name for name, p in PRESETS.items() if not _misfits(p, run)]
         raise ValueError(f"preset {run.preset.name} does not fit {len(misfits)} tensors of this model (the vector "
                          f"length must divide the output channels, the input columns be a multiple of "
-                         f"{ggml_vq.BLOCK_SIZE}): {'; '.join(misfits[:5])}{' ...' if len(misfits) > 5 else ''}")
+                         f"{ggml_vq.BLOCK_SIZE}): {'; '.join(misfits[:5])}{' ...' if len(misfits) > 5 else ''}. "
+                         f"Presets that fit this model: {', '.join(fitting) or 'none'}")
+
+
+def _misfits(preset: Preset, run: Run) -> list[str]:
+    out = []
+    for name in run.names:
+        out_features, in_features = run.source.shape(name)
+        cfg = preset.config_for(name, run.source.n_blocks)
+        if out_features % cfg.v or in_features % ggml_vq.BLOCK_SIZE:
+            out.append(f"{name} [{out_features}, {in_features}] with v={cfg.v}")
+    return out
 
 
 def estimate_bytes(run: Run) -> int:

@@ -8,8 +8,11 @@
 //   test-vq-matmul one <in> <out> <v> <b1> <b2> <G> <perm> <norm> <rscale> <outliers> <ntok>
 //                                            (rscale: 0 none, 1 F32, 2 F16)
 //                                            a single random case
-//   test-vq-matmul bench <v> <K1> <K2> <in> <out> <ntok> <threads> [n_mats] [reps]
-//                                            time one MUL_MAT over n_mats weights (more than the caches)
+//   test-vq-matmul bench <v> <K1> <K2> <in> <out> <ntok> <threads> [n_mats] [reps] [F16 row scales]
+//                                            time one MUL_MAT over n_mats weights (more than the caches);
+//                                            also prints the weights' bytes over the time (GB/s read)
+//   test-vq-matmul bench-type <type> <in> <out> <ntok> <threads> [n_mats] [reps]
+//                                            the same for one of ggml's own types (e.g. iq2_xxs, q4_K)
 //   test-vq-matmul bandwidth [MiB] [threads] [passes]
 //                                            memory read bandwidth: threads summing disjoint slices of a
 //                                            buffer far larger than the caches; prints GB/s (best pass)
@@ -41,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <pthread.h>
 
@@ -636,6 +640,37 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+// Times one MUL_MAT per weight of `gf` (warm-up, then best of reps) and prints the figures bench and bench-type
+// share: the weights' bytes (sides included) over the best time is the read rate to compare with `bandwidth`.
+static void time_graph(struct ggml_cgraph * gf, const char * what, int64_t in, int64_t out, int64_t ntok, int nth,
+                       int nm, int reps, size_t bytes) {
+    struct ggml_cplan plan = ggml_graph_plan(gf, nth, NULL);
+    uint8_t * work = malloc(plan.work_size + 64);
+    plan.work_data = work;
+    ggml_graph_compute(gf, &plan); // warm up
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+        const double t0 = now_s();
+        ggml_graph_compute(gf, &plan);
+        const double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    const double weights = (double) nm * in * out;
+    printf("bench %s in=%lld out=%lld ntok=%lld threads=%d mats=%d: %.3f ms, %.4f ns/weight/token (x threads: %.4f), %.1f GFLOP/s, %.3f bits/weight read, %.2f GB/s read\n",
+           what, (long long) in, (long long) out, (long long) ntok, nth, nm, best * 1e3,
+           best * 1e9 / (weights * ntok), best * 1e9 * nth / (weights * ntok), 2 * weights * ntok / best * 1e-9,
+           8.0 * bytes / weights, bytes / best * 1e-9);
+    free(work);
+}
+
+static struct ggml_tensor * bench_input(struct ggml_context * ctx, int64_t in, int64_t ntok) {
+    struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, in, ntok);
+    for (int64_t e = 0; e < ggml_nelements(x); ++e) {
+        ((float *) x->data)[e] = rndn();
+    }
+    return x;
+}
+
 static int mode_bench(int argc, char ** argv) {
     if (argc < 9) {
         printf("usage: bench v K1 K2 in out ntok threads [n_mats] [reps] [F16 row scales: 0 or 1]\n");
@@ -652,14 +687,17 @@ static int mode_bench(int argc, char ** argv) {
     while ((1 << b1) < K1) b1++;
     while (K2 > 1 && (1 << b2) < K2) b2++;
     const int n = (b1 + b2) * 4 / v;
-    const size_t wbytes = (size_t) in * out * n / 32;
-    struct ggml_init_params ip = { (size_t) nm * (wbytes + 4096 + (size_t) v * (K1 + K2) * 2) + 256 * 1024 * 1024 + (size_t) (in + out) * ntok * 4 * 2, NULL, false };
-    struct ggml_context * ctx = ggml_init(ip);
-    struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, in, ntok);
-    for (int64_t e = 0; e < ggml_nelements(x); ++e) {
-        ((float *) x->data)[e] = rndn();
+    if (v < 1 || out % v != 0 || in % 32 != 0 || (b1 + b2) * 4 % v != 0) {
+        printf("FAIL v=%d K1=%d K2=%d does not fit %lld inputs x %lld outputs (v must divide the outputs and the "
+               "index bits x 4, the inputs be whole blocks of 32)\n", v, K1, K2, (long long) in, (long long) out);
+        return 2;
     }
+    const size_t wbytes = (size_t) in * out * n / 32;
+    struct ggml_init_params ip = { (size_t) nm * (wbytes + 4096 + (size_t) v * (K1 + K2) * 2 + (size_t) out * 2) + 256 * 1024 * 1024 + (size_t) (in + out) * ntok * 4 * 2, NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * x = bench_input(ctx, in, ntok);
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4096, false);
+    size_t bytes = 0;
     for (int m = 0; m < nm; ++m) {
         struct vq_weight W = {0};
         W.w = ggml_new_tensor_2d(ctx, (enum ggml_type) (GGML_VQ_TYPE_BASE + n), in, out);
@@ -676,28 +714,77 @@ static int mode_bench(int argc, char ** argv) {
             W.sides[GGML_VQ_ROW_SCALE] = ggml_new_tensor_1d(ctx, GGML_TYPE_F16, out);
             fill_f16(W.sides[GGML_VQ_ROW_SCALE], 1.0f);
         }
+        for (int k = 0; k < GGML_VQ_N_SIDES; ++k) {
+            bytes += W.sides[k] ? ggml_nbytes(W.sides[k]) : 0;
+        }
+        bytes += ggml_nbytes(W.w);
         struct ggml_tensor * y = ggml_mul_mat(ctx, W.w, x);
         ggml_vq_attach(y, W.sides);
         ggml_build_forward_expand(gf, y);
     }
-    struct ggml_cplan plan = ggml_graph_plan(gf, nth, NULL);
-    uint8_t * work = malloc(plan.work_size + 64);
-    plan.work_data = work;
-    ggml_graph_compute(gf, &plan); // warm up
-    double best = 1e30;
-    for (int r = 0; r < reps; ++r) {
-        const double t0 = now_s();
-        ggml_graph_compute(gf, &plan);
-        const double t = now_s() - t0;
-        best = t < best ? t : best;
-    }
-    const double weights = (double) nm * in * out;
     const char * isa = getenv("GGML_VQ_ISA");
-    printf("bench isa=%s v=%d K1=%d K2=%d rs=%d in=%lld out=%lld ntok=%lld threads=%d mats=%d: %.3f ms, %.4f ns/weight/token (x threads: %.4f), %.1f GFLOP/s\n",
-           isa ? isa : "best", v, K1, K2, rscale, (long long) in, (long long) out, (long long) ntok, nth, nm, best * 1e3,
-           best * 1e9 / (weights * ntok), best * 1e9 * nth / (weights * ntok), 2 * weights * ntok / best * 1e-9);
-    free(work);
+    char what[128];
+    snprintf(what, sizeof what, "isa=%s v=%d K1=%d K2=%d rs=%d", isa ? isa : "best", v, K1, K2, rscale);
+    time_graph(gf, what, in, out, ntok, nth, nm, reps, bytes);
     ggml_free(ctx);
+    return 0;
+}
+
+// The same timing for one of ggml's own types (llama.cpp's quants), so that both are read at the same shapes in
+// one run: a few rows quantized from random values (with an importance matrix of ones where the type needs one),
+// their bytes repeated over every matrix.
+static int mode_bench_type(int argc, char ** argv) {
+    if (argc < 7) {
+        printf("usage: bench-type TYPE in out ntok threads [n_mats] [reps]   (TYPE: a ggml type name, e.g. iq2_xxs)\n");
+        return 2;
+    }
+    enum ggml_type type = GGML_TYPE_COUNT;
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        const char * name = ggml_type_name((enum ggml_type) t);
+        if (name && strcasecmp(name, argv[2]) == 0 && ggml_blck_size((enum ggml_type) t) > 0) {
+            type = (enum ggml_type) t;
+        }
+    }
+    const int64_t in = atoll(argv[3]), out = atoll(argv[4]), ntok = atoll(argv[5]);
+    const int nth = atoi(argv[6]);
+    const int nm = argc > 7 ? atoi(argv[7]) : 64;
+    const int reps = argc > 8 ? atoi(argv[8]) : 5;
+    if (type == GGML_TYPE_COUNT || type >= GGML_VQ_TYPE_BASE || in % ggml_blck_size(type) != 0) {
+        printf("FAIL %s is not one of ggml's types, or rows of %lld are not whole blocks of it\n", argv[2], (long long) in);
+        return 2;
+    }
+    const int64_t rows = 16;
+    const size_t row_bytes = ggml_row_size(type, in);
+    float * src = malloc(sizeof(float) * in * rows);
+    float * ones = malloc(sizeof(float) * in);
+    uint8_t * pattern = malloc(row_bytes * rows);
+    for (int64_t e = 0; e < in * rows; ++e) {
+        src[e] = rndn();
+    }
+    for (int64_t e = 0; e < in; ++e) {
+        ones[e] = 1.0f;
+    }
+    ggml_quantize_chunk(type, src, pattern, 0, rows, in, ggml_quantize_requires_imatrix(type) ? ones : NULL);
+    struct ggml_init_params ip = { (size_t) nm * (row_bytes * out + 4096) + 256 * 1024 * 1024 + (size_t) (in + out) * ntok * 4 * 2, NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * x = bench_input(ctx, in, ntok);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4096, false);
+    size_t bytes = 0;
+    for (int m = 0; m < nm; ++m) {
+        struct ggml_tensor * w = ggml_new_tensor_2d(ctx, type, in, out);
+        for (int64_t r = 0; r < out; ++r) {
+            memcpy((uint8_t *) w->data + r * row_bytes, pattern + (r % rows) * row_bytes, row_bytes);
+        }
+        bytes += ggml_nbytes(w);
+        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, w, x));
+    }
+    char what[64];
+    snprintf(what, sizeof what, "type=%s", ggml_type_name(type));
+    time_graph(gf, what, in, out, ntok, nth, nm, reps, bytes);
+    ggml_free(ctx);
+    free(src);
+    free(ones);
+    free(pattern);
     return 0;
 }
 
@@ -795,12 +882,15 @@ int main(int argc, char ** argv) {
     if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
         return mode_bench(argc, argv);
     }
+    if (argc >= 2 && strcmp(argv[1], "bench-type") == 0) {
+        return mode_bench_type(argc, argv);
+    }
     if (argc >= 4 && strcmp(argv[1], "decode") == 0) {
         return rewrite_file(argv[2], argv[3], &REWRITE_DECODE, 0);
     }
     if (argc >= 5 && strcmp(argv[1], "residual") == 0) {
         return rewrite_file(argv[2], argv[3], &REWRITE_RESIDUAL, atoi(argv[4]));
     }
-    printf("usage: %s [--backend NAME] random [seed] [quick] | one ... | file <gguf> [max] | bench ... | bandwidth [MiB] [threads] [passes] | decode <in> <out> | residual <in> <out> <k_res>\n", argv[0]);
+    printf("usage: %s [--backend NAME] random [seed] [quick] | one ... | file <gguf> [max] | bench ... | bench-type ... | bandwidth [MiB] [threads] [passes] | decode <in> <out> | residual <in> <out> <k_res>\n", argv[0]);
     return 2;
 }
