@@ -272,7 +272,7 @@ def memory_bound(threads: int, in_out: tuple[int, int], reps: int = 5) -> str:
         cfg = PRESETS[name].config_for("blk.16.ffn_up.weight", 32)
         if cfg.groups != 1 or cfg.outlier_frac or cfg.col_norm:
             raise SystemExit(f"preset {name}: test-vq-matmul bench has no groups, outliers or column norms")
-        if in_out[1] % cfg.v:
+        if not cfg.fits(in_out[1], in_out[0]):
             lines.append(f"| {name}: v{cfg.v} does not divide {in_out[1]} outputs (the preset refuses this shape) | | | | |")
             continue
         bits = cfg.index_bits / cfg.v

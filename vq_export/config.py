@@ -29,6 +29,11 @@ class VQConfig:
     def index_bits(self) -> int:
         return ggml_vq.code_bits(self.k) + (ggml_vq.code_bits(self.k_res) if self.k_res else 0)
 
+    def fits(self, out_features: int, in_features: int) -> bool:
+        """A weight of this shape can take these settings: v divides its output channels, its input columns are
+        whole blocks (format.md)."""
+        return out_features % self.v == 0 and in_features % ggml_vq.BLOCK_SIZE == 0
+
     def calibrated(self) -> list[str]:
         """The settings that need calibration Hessians (the plain k-means method refuses them)."""
         plain = VQConfig(self.v, self.k, self.k_res)

@@ -264,7 +264,7 @@ def _misfits(preset: Preset, run: Run) -> list[str]:
     for name in run.names:
         out_features, in_features = run.source.shape(name)
         cfg = preset.config_for(name, run.source.n_blocks)
-        if out_features % cfg.v or in_features % ggml_vq.BLOCK_SIZE:
+        if not cfg.fits(out_features, in_features):
             out.append(f"{name} [{out_features}, {in_features}] with v={cfg.v}")
     return out
 
