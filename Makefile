@@ -16,4 +16,5 @@ test: setup-test
 	vq-gguf build --server --rpc
 	vq-gguf build --sanitize
 	vq-gguf build --cross aarch64
+	vq-gguf build --portable
 	$(PY) -m pytest -q --durations=25

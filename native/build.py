@@ -5,6 +5,7 @@
     python -m vq_gguf.native.build --cuda --cuda-arch 90   # with the CUDA backend (docs/cuda.md)
     python -m vq_gguf.native.build --sanitize # the hardening build: ASan/UBSan + libFuzzer (clang), docs/hardening.md
     python -m vq_gguf.native.build --cross aarch64   # the kernel test for Arm (cross-compiled; run it under qemu-user)
+    python -m vq_gguf.native.build --portable # libraries for any x86-64 CPU: ggml's CPU backend as loadable variants
 
 Steps (each skipped when its inputs have not changed):
 1. `pip download` the sdist of the pinned llama-cpp-python release and check its sha256;
@@ -57,6 +58,14 @@ SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-file", "fuzz-vq-matmul"]
 SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
 # cross builds of the kernel test: architecture -> Debian's cross compilers (gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
 CROSS = {"aarch64": ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")}
+# the portable build: libllama, the tools, and the CPU backend as one loadable library per instruction-set level
+# (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS; ggml loads the best one the CPU runs, and our VQ kernels are compiled
+# into each with its flags). These are the x86-64 levels of ggml's list that change our kernels or llama.cpp's
+# (baseline, SSE4.2, AVX2, AVX-512, AVX-512 VBMI + VNNI, AVX-VNNI); `--variants` names others of ggml's list.
+X86_VARIANTS = ("x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell", "skylakex", "cannonlake", "cascadelake",
+                "icelake", "cooperlake", "zen4", "alderlake", "sapphirerapids")  # ggml's list, ggml/src/CMakeLists.txt
+PORTABLE_VARIANTS = ("x64", "sse42", "haswell", "skylakex", "icelake", "alderlake")
+PORTABLE_TARGETS = ["llama", "llama-bench", "llama-completion", "llama-perplexity"]
 
 
 def tree_dir() -> Path:
@@ -77,6 +86,15 @@ def sanitize_bin_dir() -> Path:
 
 def cross_bin_dir(arch: str) -> Path:
     return home() / f"build-{arch}" / "bin"
+
+
+def portable_bin_dir() -> Path:
+    return home() / "build-portable" / "bin"
+
+
+def cpu_variants(bin_dir: Path) -> list[str]:
+    """The CPU backend variants of a portable build folder (libggml-cpu-TAG.so), by tag."""
+    return sorted(p.name.removeprefix("libggml-cpu-").removesuffix(".so") for p in bin_dir.glob("libggml-cpu-*.so"))
 
 
 def log(msg: str) -> None:
@@ -227,6 +245,27 @@ def build_cross(arch: str, jobs: int | None = None) -> Path:
     return cross_bin_dir(arch)
 
 
+def build_portable(variants: tuple[str, ...] = PORTABLE_VARIANTS, jobs: int | None = None) -> Path:
+    """The portable build in $VQ_GGUF_HOME/build-portable: no GGML_NATIVE, the CPU backend as one loadable
+    library per variant (tags of ggml's GGML_CPU_ALL_VARIANTS list); returns its bin/, which then holds exactly
+    these variants."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        raise SystemExit("the portable build is made for x86-64 Linux (ggml's variants for other platforms are not wired up here)")
+    unknown = sorted(set(variants) - set(X86_VARIANTS))
+    if unknown or not variants:
+        raise SystemExit(f"unknown CPU variants {', '.join(unknown) or '(none given)'}; ggml's are {', '.join(X86_VARIANTS)}")
+    ensure_tools()
+    tree = prepare_tree(fetch_sdist())
+    opts = {"CMAKE_BUILD_TYPE:STRING": "Release", "GGML_NATIVE:BOOL": "OFF", "GGML_BACKEND_DL:BOOL": "ON",
+            "GGML_CPU_ALL_VARIANTS:BOOL": "ON", "GGML_CPU_VARIANTS:STRING": ";".join(variants),
+            "VQ_CUDA:BOOL": "OFF", "VQ_RPC:BOOL": "OFF", "VQ_BUILD_SERVER:BOOL": "OFF"}
+    bins = portable_bin_dir()
+    for stale in bins.glob("libggml-cpu-*.so"):  # ggml loads every variant it finds: keep only those asked for
+        stale.unlink()
+    cmake_build(tree, bins.parent, opts, PORTABLE_TARGETS + [f"ggml-cpu-{v}" for v in variants], jobs or os.cpu_count() or 2)
+    return bins
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="store_true", help="also build llama-server")
@@ -238,6 +277,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cuda-arch", default="90", help="CUDA architectures, CMake syntax (default 90: Hopper)")
     ap.add_argument("--cuda-check", action="store_true",
                     help="only compile the CUDA sources we touch with nvcc (no GPU needed; native/cuda.py)")
+    ap.add_argument("--portable", action="store_true",
+                    help="only the portable build (build-portable): the CPU backend as loadable variants, for any x86-64 CPU")
+    ap.add_argument("--variants", default=",".join(PORTABLE_VARIANTS),
+                    help="with --portable: the CPU variants, tags of ggml's GGML_CPU_ALL_VARIANTS (default: %(default)s)")
     ap.add_argument("--tree", type=Path, default=None, help="use this patched llama.cpp tree instead of fetching one")
     ap.add_argument("--no-runtime", action="store_true", help="skip the runtime's cffi module")
     ap.add_argument("--define", action="append", default=[], metavar="NAME:TYPE=VALUE",
@@ -246,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.sanitize:
         print(build_sanitize(jobs=args.jobs))
+        return
+    if args.portable:
+        print(build_portable(tuple(v for v in args.variants.split(",") if v), jobs=args.jobs))
         return
     if args.cross:
         print(build_cross(args.cross, jobs=args.jobs))

@@ -7,6 +7,8 @@ Needs `vq-gguf build --server` (make test runs it; the serve command would build
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import socket
@@ -21,7 +23,7 @@ import pytest
 from tests import REPO
 from vq_gguf import bundle, model_card
 from vq_gguf.bpw import count
-from vq_gguf.native.build import bin_dir, tree_dir
+from vq_gguf.native.build import PORTABLE_VARIANTS, bin_dir, tree_dir
 from vq_gguf.native.wheel import build_wheel, check
 
 PROMPT = "What is the capital of France?"
@@ -188,7 +190,11 @@ def test_bundle_manifest(exported, ffn_down_file):
     manifest = json.loads((exported / "manifest.json").read_text())
     files = manifest["files"]
     assert {"README.md", ffn_down_file.name, "lib/libllama.so.0", "lib/libggml.so.0", "lib/libggml-base.so.0",
-            "lib/libggml-cpu.so.0", "include/llama.h", "include/ggml.h", "example/generate.c"} <= set(files)
+            "include/llama.h", "include/ggml.h", "example/generate.c"} <= set(files)
+    # on x86-64 the portable build's libraries: the CPU backend as one loadable library per variant, no other
+    variants = manifest["library"]["cpu variants"]
+    assert variants == sorted(PORTABLE_VARIANTS) and "portable" in manifest["library"]["cpu flags"]
+    assert {f for f in files if f.startswith("lib/libggml-cpu")} == {f"lib/libggml-cpu-{v}.so" for v in variants}
     assert files["lib/libllama.so"] == {"symlink": "libllama.so.0"}  # the name `cc -lllama` looks for
     assert files[ffn_down_file.name]["sha256"] == bundle.sha256(ffn_down_file)
     bits = count(ffn_down_file)
@@ -225,6 +231,44 @@ def test_bundle_c_example(app, ffn_down_file):
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert decodable(proc.stdout.decode("utf-8", errors="replace").removesuffix("\n")) == decodable(chat_answer(ffn_down_file, SYSTEM))
+
+
+def loaded_cpu_variant(ld_log: str) -> str:
+    """The CPU backend variant a process kept, from the dynamic loader's LD_DEBUG=files log: ggml opens every
+    variant to score it against the CPU and closes it again, then opens the best one a last time."""
+    opened = re.findall(r"file=\S*/libggml-cpu-(\w+)\.so \[0\];\s+dynamically loaded", ld_log)
+    assert opened, ld_log[-2000:]
+    return opened[-1]
+
+
+# qemu-user's CPU models without AVX-512 and without AVX at all, and the variant ggml must pick for each
+OLDER_CPUS = {"Haswell-v4": "haswell", "Nehalem-v2": "sse42"}
+
+
+@pytest.fixture(scope="module")
+def ffn_down_4bit_file(src, tmp_path_factory) -> Path:
+    """The default model with every ffn_down at 4 bits (k-means v2 k256): VQ kernels in every layer, answers
+    close to the source model's."""
+    from vq_gguf.config import VQConfig
+    from vq_gguf.quantize import quantize_model
+    return quantize_model(src, tmp_path_factory.mktemp("ffn4") / "ffn_down-4bit.vq.gguf",
+                          VQConfig(v=2, k=256, kmeans_iters=8), only=["ffn_down"])
+
+
+@pytest.mark.parametrize("cpu", OLDER_CPUS)
+def test_bundle_runs_on_an_older_cpu(app, ffn_down_4bit_file, cpu, tmp_path):
+    """The moved folder on another CPU, emulated by qemu-user: ggml loads the variant that CPU runs, and the model
+    answers. The text is not compared with this CPU's: without FMA (Nehalem) or AVX-512 every sum rounds
+    differently, and greedy decoding follows the difference into other words after a few tokens."""
+    if shutil.which("qemu-x86_64") is None:
+        pytest.fail("qemu-x86_64 is missing (Debian: apt-get install qemu-user; scripts/setup.sh --test installs it)")
+    env = {**os.environ, "LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(tmp_path / "ld")}
+    proc = subprocess.run(["qemu-x86_64", "-cpu", cpu, "./generate", str(ffn_down_4bit_file),
+                           PROMPT + " Answer in one word.", str(N_TOKENS), SYSTEM],
+                          cwd=app, capture_output=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert loaded_cpu_variant("".join(p.read_text() for p in tmp_path.glob("ld.*"))) == OLDER_CPUS[cpu]
+    assert "Paris" in proc.stdout.decode("utf-8", errors="replace")
 
 
 def test_c_example_reports_a_bad_model(app, tmp_path):

@@ -6,6 +6,7 @@
     python -m vq_gguf.tools.bench --vq 2bit=FILE --synthetic 3bit 4bit   # residual presets by geometry (see --help)
     python -m vq_gguf.tools.bench --micro                          # kernel micro-benchmark, ns per weight per token
     python -m vq_gguf.tools.bench --memory-bound 4096 14336 --threads 1   # one token at 8B's shapes vs bandwidth
+    python -m vq_gguf.tools.bench --cpu-variant haswell            # llama-bench of the portable build, AVX2 only
 
 Files (made once from the default model and cached in --workdir, default $VQ_GGUF_HOME/bench):
   float.gguf          the default model, every matrix F16 (vq_export's writer)
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,8 +54,33 @@ def bin_dir() -> Path:
     return b()
 
 
+def only_variant(tag: str) -> Path:
+    """A folder with the portable build's tools and libraries (hard links) and one CPU backend variant, `tag`:
+    ggml loads the variants it finds beside the executable, so a tool run from there uses that instruction set
+    for llama.cpp's types and our kernels alike."""
+    from vq_gguf.native.build import cpu_variants, portable_bin_dir
+    src = portable_bin_dir()
+    if tag not in cpu_variants(src):
+        raise SystemExit(f"no CPU variant {tag!r} in {src} (has: {', '.join(cpu_variants(src)) or 'none'}): "
+                         "run `vq-gguf build --portable`")
+    dst = src.parent / f"only-{tag}"
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name.startswith("libggml-cpu-") and p.name != f"libggml-cpu-{tag}.so":
+            continue
+        if p.is_symlink():
+            (dst / p.name).symlink_to(os.readlink(p))
+        elif p.is_file():
+            os.link(p, dst / p.name)
+    return dst
+
+
+BENCH_BIN: Path | None = None  # where llama-bench runs from: --cpu-variant's folder, else the native build
+
+
 def tool(name: str) -> Path:
-    path = bin_dir() / name
+    path = (BENCH_BIN if BENCH_BIN and name == "llama-bench" else bin_dir()) / name
     if not path.is_file():
         raise SystemExit(f"{path} not found: build the patched llama.cpp first (python -m vq_gguf.native.build)")
     return path
@@ -316,7 +343,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-bound", nargs=2, type=int, default=None, metavar=("IN", "OUT"),
                     help="only one token through weights of IN x OUT (e.g. 4096 14336) against the memory bandwidth, "
                          "each preset's layout and llama.cpp's types, at --threads")
+    ap.add_argument("--cpu-variant", default=None, metavar="TAG",
+                    help="run llama-bench from the portable build (vq-gguf build --portable) with only this CPU variant, "
+                         "e.g. haswell: AVX2 for llama.cpp's types and ours (docs/kernels.md)")
     args = ap.parse_args(argv)
+    global BENCH_BIN
+    BENCH_BIN = only_variant(args.cpu_variant) if args.cpu_variant else None
     if args.micro or args.memory_bound:
         busy = wait_idle(args.wait_idle) if args.wait_idle else cpu_busy()
         print(f"test-vq-matmul; load average {load_average()}; CPU busy before {busy:.0%}\n")
@@ -389,7 +421,8 @@ def main(argv: list[str] | None = None) -> None:
             "tg_bound": bound, "tg_fraction_of_bound": tgm / bound,
         })
 
-    head = (f"llama-bench -t {args.threads} -p {args.n_prompt} -n {args.n_gen} -r {args.reps}, {args.rounds} round(s); "
+    head = ((f"CPU variant {args.cpu_variant} of the portable build; " if args.cpu_variant else "")
+            + f"llama-bench -t {args.threads} -p {args.n_prompt} -n {args.n_gen} -r {args.reps}, {args.rounds} round(s); "
             f"memory read bandwidth {bw_gbs:.1f} GB/s ({', '.join(f'{b:.1f}' for b in bw)}); "
             f"load average before {load_before}, after {load_after}"
             + (f"; CPU busy before each round (other jobs) {', '.join(f'{b:.0%}' for b in busy)}" if busy else "")

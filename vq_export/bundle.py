@@ -3,7 +3,10 @@
 Always: the GGUF, its model card (README.md) and manifest.json (sha256 of every file, the model's metadata, bits
 per weight). With --bundle, for desktop apps: the patched shared libraries this platform needs, the headers of
 the C API (llama.h and the ggml headers it includes) and a C example that chats through it; the manifest then
-also names the library build. The libraries find each other through $ORIGIN, so the folder can move.
+also names the library build. The libraries find each other through $ORIGIN, so the folder can move. On x86-64
+they come from the portable build (native/build.py): ggml's CPU backend as one library per instruction-set level,
+of which ggml loads the best one the running CPU supports, so the folder runs on any x86-64 CPU; `native=True`
+ships the build for this machine's CPU instead.
 """
 from __future__ import annotations
 
@@ -103,7 +106,13 @@ def headers(tree: Path) -> list[Path]:
     return sorted(found.values())
 
 
-def library_build() -> dict:
+def cpu_backends(lib_dir: Path) -> dict[str, Path]:
+    """{file name: file} of the CPU backend variants a portable build loads at run time (not NEEDED by any
+    library, so shared_libraries does not find them)."""
+    return {p.name: p.resolve() for p in sorted(lib_dir.glob("libggml-cpu-*.so"))}
+
+
+def library_build(variants: list[str]) -> dict:
     from vq_gguf.native.build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, PATCH
     from vq_gguf.tools.environment import versions
     v = versions()
@@ -114,14 +123,19 @@ def library_build() -> dict:
         "vq-gguf git commit": v["vq-gguf git commit"],
         "vq-gguf uncommitted changes": v["vq-gguf uncommitted changes"],
         "platform": f"{platform.system()}-{platform.machine()}",
-        "cpu flags": "GGML_NATIVE=ON: built for the instruction set of the building machine's CPU",
+        "cpu flags": (f"portable: ggml loads the best of its CPU variants {', '.join(variants)} that the running CPU supports"
+                      if variants else "GGML_NATIVE=ON: built for the instruction set of the building machine's CPU"),
+        "cpu variants": variants,
     }
 
 
 # --- export and verify -----------------------------------------------------------------------------------
 
-def export(model: Path, out: Path, *, bundle: bool = False, archive: bool = False, results: Path | None = None) -> Path:
-    """Write the folder `out` (replaced if it exists); returns it, or the .tar.gz made from it with archive."""
+def export(model: Path, out: Path, *, bundle: bool = False, lib_dir: Path | None = None, archive: bool = False,
+           results: Path | None = None) -> Path:
+    """Write the folder `out` (replaced if it exists); returns it, or the .tar.gz made from it with archive.
+    bundle: with the libraries of the build folder `lib_dir` (default: the portable build's on x86-64, else the
+    native build's)."""
     from .model_card import find_results, render
 
     model = Path(model)
@@ -134,16 +148,20 @@ def export(model: Path, out: Path, *, bundle: bool = False, archive: bool = Fals
     manifest = {"manifest_version": MANIFEST_VERSION, "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                 "model": {"file": model.name, "metadata": model_metadata(model), "bits": bits_summary(model)}}
     if bundle:
-        from vq_gguf.native.build import bin_dir, tree_dir
-        for soname, lib in shared_libraries(bin_dir()).items():
+        from vq_gguf.native.build import tree_dir
+        lib_dir = Path(lib_dir or default_lib_dir())
+        for soname, lib in shared_libraries(lib_dir).items():
             _copy(lib, tmp / "lib" / soname)
             linker_name = soname.split(".so")[0] + ".so"  # what `cc -lNAME` looks for
             if linker_name != soname:
                 (tmp / "lib" / linker_name).symlink_to(soname)
+        backends = cpu_backends(lib_dir)
+        for name, lib in backends.items():
+            _copy(lib, tmp / "lib" / name)
         for h in headers(tree_dir()):
             _copy(h, tmp / "include" / h.name)
         _copy(EXAMPLE, tmp / "example" / EXAMPLE.name)
-        manifest["library"] = library_build()
+        manifest["library"] = library_build([n.removeprefix("libggml-cpu-").removesuffix(".so") for n in backends])
     (tmp / "README.md").write_text(render(manifest, find_results(model, results), bundle=bundle))
     manifest["files"] = {p.relative_to(tmp).as_posix(): _entry(p) for p in sorted(tmp.rglob("*")) if not p.is_dir()}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -155,6 +173,16 @@ def export(model: Path, out: Path, *, bundle: bool = False, archive: bool = Fals
     with tarfile.open(tar_path, "w:gz") as tar:
         tar.add(out, arcname=out.name)
     return tar_path
+
+
+def portable() -> bool:
+    """Bundles from the portable build: on x86-64 Linux, where ggml has CPU variants that native/build.py makes."""
+    return platform.system() == "Linux" and platform.machine() == "x86_64"
+
+
+def default_lib_dir() -> Path:
+    from vq_gguf.native.build import bin_dir, portable_bin_dir
+    return portable_bin_dir() if portable() else bin_dir()
 
 
 def _copy(src: Path, dst: Path) -> None:

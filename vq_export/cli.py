@@ -31,9 +31,11 @@ def default_out(preset: str) -> Path:
 
 
 def cmd_build(args) -> None:
-    from vq_gguf.native.build import build, build_cross, build_sanitize
+    from vq_gguf.native.build import build, build_cross, build_portable, build_sanitize
     if args.sanitize:
         print(build_sanitize(jobs=args.jobs))
+    elif args.portable:
+        print(build_portable(jobs=args.jobs))
     elif args.cross:
         print(build_cross(args.cross, jobs=args.jobs))
     else:
@@ -233,11 +235,13 @@ def cmd_export(args) -> None:
     from vq_gguf.runtime.llama import check_model_file
     if not args.no_load:
         check_loads(check_model_file(args.file))
+    lib_dir = None
     if args.bundle:
-        from vq_gguf.native.build import build
-        build()
+        from vq_gguf.native.build import build, build_portable
+        from .bundle import portable
+        lib_dir = build() if args.native or not portable() else build_portable()
     out = Path(args.out) if args.out else Path(args.file).with_suffix("")
-    print(export(Path(args.file), out, bundle=args.bundle, archive=args.archive,
+    print(export(Path(args.file), out, bundle=args.bundle, lib_dir=lib_dir, archive=args.archive,
                  results=Path(args.results) if args.results else None))
 
 
@@ -382,6 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sanitize", action="store_true", help="only the sanitizer and fuzzing build (clang; docs/hardening.md)")
     p.add_argument("--cross", choices=("aarch64",), default=None,
                    help="only the kernel test for Arm, cross-compiled (run under qemu-user; docs/kernels.md)")
+    p.add_argument("--portable", action="store_true", help="only the portable build of the bundle: the CPU backend "
+                   "as loadable variants, for any x86-64 CPU (docs/integrations.md)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=cmd_build)
 
@@ -490,7 +496,10 @@ def main(argv: list[str] | None = None) -> None:
                                       "patched libraries, llama.h and a C example")
     p.add_argument("file")
     p.add_argument("--out", default=None, help="output folder (default: FILE without .gguf)")
-    p.add_argument("--bundle", action="store_true", help="add the shared libraries, headers and C example")
+    p.add_argument("--bundle", action="store_true", help="add the shared libraries, headers and C example (on x86-64: "
+                   "the portable build, which runs on any x86-64 CPU)")
+    p.add_argument("--native", action="store_true", help="with --bundle: the libraries built for this machine's CPU "
+                   "instead (quicker to build; they run only on CPUs with its instruction sets)")
     p.add_argument("--archive", action="store_true", help="also pack the folder as OUT.tar.gz")
     p.add_argument("--results", default=None, help="results.json of `vq-gguf compare` (default: any under $VQ_GGUF_HOME/compare with this file)")
     p.add_argument("--no-load", action="store_true", help=NO_LOAD_HELP)

@@ -5,8 +5,11 @@
 //
 //   cc -O2 generate.c -Iinclude -Llib -lllama -lggml -lggml-base -Wl,-rpath,'$ORIGIN/lib' -o generate
 //   ./generate MODEL.gguf "What is the capital of France?" [N_TOKENS] [SYSTEM]
+#define _GNU_SOURCE // dladdr
 #include "llama.h"
 
+#include <dlfcn.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +40,19 @@ static char * render_prompt(const struct llama_model * model, const llama_chat_m
     return text;
 }
 
+// A portable build keeps ggml's CPU backend in loadable libraries beside libllama, one per instruction-set
+// level (libggml-cpu-haswell.so, ...): load the best one this CPU runs from libllama's folder. ggml alone would
+// look only beside the executable and in the current folder. A build for one CPU has its backend linked in.
+static void load_backends(void) {
+    Dl_info info;
+    if (ggml_backend_reg_count() > 0 || !dladdr((void *) llama_backend_init, &info) || info.dli_fname == NULL) {
+        return;
+    }
+    char * path = strdup(info.dli_fname);
+    ggml_backend_load_all_from_path(dirname(path));
+    free(path);
+}
+
 static llama_token * tokenize(const struct llama_vocab * vocab, const char * text, int32_t * n_tokens) {
     int32_t n = -llama_tokenize(vocab, text, (int32_t) strlen(text), NULL, 0, false, true);
     llama_token * tokens = malloc(sizeof(llama_token) * (size_t) (n > 0 ? n : 1));
@@ -57,7 +73,12 @@ int main(int argc, char ** argv) {
     const long   n_cpu    = sysconf(_SC_NPROCESSORS_ONLN);
 
     llama_log_set(log_errors_only, NULL);
+    load_backends();
     llama_backend_init();
+    if (ggml_backend_dev_count() == 0) {
+        fprintf(stderr, "no ggml backend could be loaded (a portable build keeps them in lib/libggml-cpu-*.so)\n");
+        return 1;
+    }
 
     struct llama_model * model = llama_model_load_from_file(path, llama_model_default_params());
     if (model == NULL) {
