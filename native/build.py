@@ -65,7 +65,7 @@ CROSS = {"aarch64": ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")}
 X86_VARIANTS = ("x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell", "skylakex", "cannonlake", "cascadelake",
                 "icelake", "cooperlake", "zen4", "alderlake", "sapphirerapids")  # ggml's list, ggml/src/CMakeLists.txt
 PORTABLE_VARIANTS = ("x64", "sse42", "haswell", "skylakex", "icelake", "alderlake")
-PORTABLE_TARGETS = ["llama", "llama-bench", "llama-completion", "llama-perplexity"]
+PORTABLE_TOOLS = ["llama-bench", "llama-perplexity"]  # only for measuring a variant (tools/bench.py --cpu-variant)
 
 
 def tree_dir() -> Path:
@@ -245,10 +245,10 @@ def build_cross(arch: str, jobs: int | None = None) -> Path:
     return cross_bin_dir(arch)
 
 
-def build_portable(variants: tuple[str, ...] = PORTABLE_VARIANTS, jobs: int | None = None) -> Path:
-    """The portable build in $VQ_GGUF_HOME/build-portable: no GGML_NATIVE, the CPU backend as one loadable
-    library per variant (tags of ggml's GGML_CPU_ALL_VARIANTS list); returns its bin/, which then holds exactly
-    these variants."""
+def build_portable(variants: tuple[str, ...] = PORTABLE_VARIANTS, jobs: int | None = None, tools: bool = False) -> Path:
+    """The portable build in $VQ_GGUF_HOME/build-portable: libllama, no GGML_NATIVE, the CPU backend as one
+    loadable library per variant (tags of ggml's GGML_CPU_ALL_VARIANTS list); tools: llama-bench and
+    llama-perplexity too. Returns its bin/, which then holds exactly these variants."""
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         raise SystemExit("the portable build is made for x86-64 Linux (ggml's variants for other platforms are not wired up here)")
     unknown = sorted(set(variants) - set(X86_VARIANTS))
@@ -262,7 +262,8 @@ def build_portable(variants: tuple[str, ...] = PORTABLE_VARIANTS, jobs: int | No
     bins = portable_bin_dir()
     for stale in bins.glob("libggml-cpu-*.so"):  # ggml loads every variant it finds: keep only those asked for
         stale.unlink()
-    cmake_build(tree, bins.parent, opts, PORTABLE_TARGETS + [f"ggml-cpu-{v}" for v in variants], jobs or os.cpu_count() or 2)
+    targets = ["llama"] + (PORTABLE_TOOLS if tools else []) + [f"ggml-cpu-{v}" for v in variants]
+    cmake_build(tree, bins.parent, opts, targets, jobs or os.cpu_count() or 2)
     return bins
 
 

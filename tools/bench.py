@@ -58,11 +58,8 @@ def only_variant(tag: str) -> Path:
     """A folder with the portable build's tools and libraries (hard links) and one CPU backend variant, `tag`:
     ggml loads the variants it finds beside the executable, so a tool run from there uses that instruction set
     for llama.cpp's types and our kernels alike."""
-    from vq_gguf.native.build import cpu_variants, portable_bin_dir
-    src = portable_bin_dir()
-    if tag not in cpu_variants(src):
-        raise SystemExit(f"no CPU variant {tag!r} in {src} (has: {', '.join(cpu_variants(src)) or 'none'}): "
-                         "run `vq-gguf build --portable`")
+    from vq_gguf.native.build import PORTABLE_VARIANTS, build_portable
+    src = build_portable(tuple(sorted(set(PORTABLE_VARIANTS) | {tag})), tools=True)
     dst = src.parent / f"only-{tag}"
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
