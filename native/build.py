@@ -260,8 +260,8 @@ def build_portable(variants: tuple[str, ...] = PORTABLE_VARIANTS, jobs: int | No
             "GGML_CPU_ALL_VARIANTS:BOOL": "ON", "GGML_CPU_VARIANTS:STRING": ";".join(variants),
             "VQ_CUDA:BOOL": "OFF", "VQ_RPC:BOOL": "OFF", "VQ_BUILD_SERVER:BOOL": "OFF"}
     bins = portable_bin_dir()
-    for stale in bins.glob("libggml-cpu-*.so"):  # ggml loads every variant it finds: keep only those asked for
-        stale.unlink()
+    for stale in set(cpu_variants(bins)) - set(variants):  # ggml loads every variant it finds: keep only those asked for
+        (bins / f"libggml-cpu-{stale}.so").unlink()
     targets = ["llama"] + (PORTABLE_TOOLS if tools else []) + [f"ggml-cpu-{v}" for v in variants]
     cmake_build(tree, bins.parent, opts, targets, jobs or os.cpu_count() or 2)
     return bins
