@@ -58,7 +58,7 @@ SANITIZE_TARGETS = ["vq-load", "fuzz-vq-load", "fuzz-vq-file", "fuzz-vq-matmul"]
 SANITIZE_CC = ("clang-14", "clang++-14")  # libFuzzer ships with clang (Debian: clang-14 libclang-rt-14-dev)
 # cross builds of the kernel test: architecture -> Debian's cross compilers (gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)
 CROSS = {"aarch64": ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")}
-# the portable build: libllama, the tools, and the CPU backend as one loadable library per instruction-set level
+# the portable build: libllama and the CPU backend as one loadable library per instruction-set level
 # (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS; ggml loads the best one the CPU runs, and our VQ kernels are compiled
 # into each with its flags). These are the x86-64 levels of ggml's list that change our kernels or llama.cpp's
 # (baseline, SSE4.2, AVX2, AVX-512, AVX-512 VBMI + VNNI, AVX-VNNI); `--variants` names others of ggml's list.

@@ -7,13 +7,15 @@
     python -m vq_gguf.tools.bench --micro                          # kernel micro-benchmark, ns per weight per token
     python -m vq_gguf.tools.bench --memory-bound 4096 14336 --threads 1   # one token at 8B's shapes vs bandwidth
     python -m vq_gguf.tools.bench --cpu-variant haswell            # llama-bench of the portable build, AVX2 only
+    python -m vq_gguf.tools.bench --layout --presets 2bit-shared   # presets' layouts with random codes (speed only)
 
 Files (made once from the default model and cached in --workdir, default $VQ_GGUF_HOME/bench):
   float.gguf          the default model, every matrix F16 (vq_export's writer)
   F16, Q2_K, IQ2_XXS, Q4_K_M
                       llama-quantize from float.gguf with the token embedding and output tensor Q8_0;
                       IQ2_XXS with an importance matrix (llama-imatrix on the calibration text)
-  vq-<preset>         `vq-gguf quantize --preset <preset> --other-type q8_0`, unless given with --vq
+  vq-<preset>         `vq-gguf quantize --preset <preset> --other-type q8_0`, unless given with --vq;
+                      with --layout vq-<preset>.layout: the preset's layout with random codes (tools/layout_file.py)
   ffn_down only       VQ: the ffn_down weights of the 2bit file, every other matrix Q8_0;
                       IQ2_XXS: llama-quantize Q8_0 with --tensor-type ffn_down=iq2_xxs (same imatrix)
 
@@ -43,6 +45,9 @@ from vq_gguf.calib import DEFAULT_CALIB
 CALIB = DEFAULT_CALIB / "austen-prideprejudice.txt"
 LLAMA_TYPES = ["F16", "Q4_K_M", "Q2_K", "IQ2_XXS"]
 PRESETS = ["2bit", "3bit", "4bit"]
+# each preset's peer: the llama.cpp file nearest to it in quality from above (docs/results.md), which it should
+# match in speed
+PEERS = {"2bit": "IQ2_XXS", "2bit-shared": "IQ2_XXS", "3bit-shared": "IQ2_S", "4bit": "IQ4_NL", "4bit-shared": "IQ4_NL"}
 
 
 def log(msg: str) -> None:
@@ -165,9 +170,17 @@ def llama_file(work: Path, qtype: str, threads: int, imatrix_chunks: int, only_f
     return out
 
 
-def vq_file(work: Path, preset: str, given: dict[str, Path]) -> Path:
+def vq_file(work: Path, preset: str, given: dict[str, Path], layout: bool = False) -> Path:
     if preset in given:
         return given[preset]
+    if layout:
+        from vq_gguf.presets import PRESETS
+        from . import layout_file
+        out = work / f"vq-{preset}.layout.gguf"
+        if not out.exists():
+            log(f"writing {out.name}: the {preset} layout with random codes")
+            layout_file.write(float_file(work), PRESETS[preset], out)
+        return out
     out = work / f"vq-{preset}.gguf"
     if not out.exists():
         run([sys.executable, "-m", "vq_gguf.cli", "quantize", "--preset", preset, "--other-type", "q8_0",
@@ -340,6 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-bound", nargs=2, type=int, default=None, metavar=("IN", "OUT"),
                     help="only one token through weights of IN x OUT (e.g. 4096 14336) against the memory bandwidth, "
                          "each preset's layout and llama.cpp's types, at --threads")
+    ap.add_argument("--layout", action="store_true",
+                    help="VQ files in the presets' layouts with random codes and codebooks (tools/layout_file.py): the "
+                         "same speed as quantized ones, made in seconds, meaningless output")
     ap.add_argument("--cpu-variant", default=None, metavar="TAG",
                     help="run llama-bench from the portable build (vq-gguf build --portable) with only this CPU variant, "
                          "e.g. haswell: AVX2 for llama.cpp's types and ours (docs/kernels.md)")
@@ -363,17 +379,21 @@ def main(argv: list[str] | None = None) -> None:
         given[preset] = Path(path)
 
     files: dict[str, Path] = {}
+    peer: dict[str, str] = {}   # label of a VQ file -> label of its peer's file, where measured
     for q in args.llama_types:
         files[q] = llama_file(work, q, args.threads, args.imatrix_chunks)
     for p in args.presets:
         if p in args.synthetic:
             k_res = {"3bit": 16, "4bit": 256}[p]
-            files[f"VQ {p} (geometry: 2bit + synthetic residual {k_res})"] = vq_residual_file(work, vq_file(work, "2bit", given), k_res)
+            files[f"VQ {p} (geometry: 2bit + synthetic residual {k_res})"] = vq_residual_file(work, vq_file(work, "2bit", given, args.layout), k_res)
         else:
-            files[f"VQ {p}"] = vq_file(work, p, given)
+            label = f"VQ {p}" + (" (random codes)" if args.layout and p not in given else "")
+            files[label] = vq_file(work, p, given, args.layout)
+            if PEERS.get(p) in files:
+                peer[label] = PEERS[p]
     if not args.no_ffn_down:
         files["IQ2_XXS, ffn_down only"] = llama_file(work, "IQ2_XXS", args.threads, args.imatrix_chunks, only_ffn_down=True)
-        files["VQ 2bit, ffn_down only"] = vq_ffn_down_file(work, vq_file(work, "2bit", given))
+        files["VQ 2bit, ffn_down only"] = vq_ffn_down_file(work, vq_file(work, "2bit", given, args.layout))
 
     info = {label: bytes_per_token(path) for label, path in files.items()}
     load_before = load_average()
@@ -415,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{pp}_vs_Q2_K": ppm / stat(ref, pp)[0] if ref else None,
             f"{tg}_vs_Q2_K": tgm / stat(ref, tg)[0] if ref else None,
             f"{tg}_vs_IQ2_XXS_ffn_down": tgm / stat(pair, tg)[0] if pair in files else None,
+            "peer": peer.get(label),
+            f"{pp}_vs_peer": ppm / stat(peer[label], pp)[0] if label in peer else None,
+            f"{tg}_vs_peer": tgm / stat(peer[label], tg)[0] if label in peer else None,
             "tg_bound": bound, "tg_fraction_of_bound": tgm / bound,
         })
 
@@ -425,15 +448,18 @@ def main(argv: list[str] | None = None) -> None:
             + (f"; CPU busy before each round (other jobs) {', '.join(f'{b:.0%}' for b in busy)}" if busy else "")
             + f"; {time.time() - t0:.0f} s")
     lines = [head, "",
-             f"| file | linear types | MiB | MB read / token | {pp} t/s | {tg} t/s | {pp} / Q2_K | {tg} / Q2_K | {tg} bound t/s | {tg} / bound |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"| file | linear types | MiB | MB read / token | {pp} t/s | {tg} t/s | {pp} / Q2_K | {tg} / Q2_K | "
+             f"peer: {pp}, {tg} | {tg} bound t/s | {tg} / bound |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in results:
         types = ", ".join(f"{k.lower()} {v:.2f}" for k, v in list(r["linear_types"].items())[:3])
         ratio = lambda x: f"{x:.2f}" if x is not None else "-"
         extra = f" (vs IQ2_XXS: {r[f'{tg}_vs_IQ2_XXS_ffn_down']:.2f})" if r[f"{tg}_vs_IQ2_XXS_ffn_down"] else ""
         lines.append(f"| {r['file']} | {types} | {r['size_mib']:.1f} | {r['bytes_per_token'] / 1e6:.1f} | "
                      f"{r[pp][0]:.0f} ± {r[pp][1]:.0f} | {r[tg][0]:.1f} ± {r[tg][1]:.1f} | "
-                     f"{ratio(r[f'{pp}_vs_Q2_K'])} | {ratio(r[f'{tg}_vs_Q2_K'])}{extra} | {r['tg_bound']:.0f} | "
+                     f"{ratio(r[f'{pp}_vs_Q2_K'])} | {ratio(r[f'{tg}_vs_Q2_K'])}{extra} | "
+                     + (f"{r['peer']}: {r[f'{pp}_vs_peer']:.2f}, {r[f'{tg}_vs_peer']:.2f} | " if r["peer"] else "- | ")
+                     + f"{r['tg_bound']:.0f} | "
                      f"{r['tg_fraction_of_bound']:.2f} |")
     table = "\n".join(lines)
     print(table)

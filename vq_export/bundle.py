@@ -5,8 +5,8 @@ per weight). With --bundle, for desktop apps: the patched shared libraries this 
 the C API (llama.h and the ggml headers it includes) and a C example that chats through it; the manifest then
 also names the library build. The libraries find each other through $ORIGIN, so the folder can move. On x86-64
 they come from the portable build (native/build.py): ggml's CPU backend as one library per instruction-set level,
-of which ggml loads the best one the running CPU supports, so the folder runs on any x86-64 CPU; `native=True`
-ships the build for this machine's CPU instead.
+of which ggml loads the best one the running CPU supports, so the folder runs on any x86-64 CPU (`vq-gguf export
+--native` ships the build for this machine's CPU instead).
 """
 from __future__ import annotations
 
@@ -106,12 +106,6 @@ def headers(tree: Path) -> list[Path]:
     return sorted(found.values())
 
 
-def cpu_backends(lib_dir: Path) -> dict[str, Path]:
-    """{file name: file} of the CPU backend variants a portable build loads at run time (not NEEDED by any
-    library, so shared_libraries does not find them)."""
-    return {p.name: p.resolve() for p in sorted(lib_dir.glob("libggml-cpu-*.so"))}
-
-
 def library_build(variants: list[str]) -> dict:
     from vq_gguf.native.build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, PATCH
     from vq_gguf.tools.environment import versions
@@ -148,20 +142,20 @@ def export(model: Path, out: Path, *, bundle: bool = False, lib_dir: Path | None
     manifest = {"manifest_version": MANIFEST_VERSION, "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                 "model": {"file": model.name, "metadata": model_metadata(model), "bits": bits_summary(model)}}
     if bundle:
-        from vq_gguf.native.build import tree_dir
+        from vq_gguf.native.build import cpu_variants, tree_dir
         lib_dir = Path(lib_dir or default_lib_dir())
         for soname, lib in shared_libraries(lib_dir).items():
             _copy(lib, tmp / "lib" / soname)
             linker_name = soname.split(".so")[0] + ".so"  # what `cc -lNAME` looks for
             if linker_name != soname:
                 (tmp / "lib" / linker_name).symlink_to(soname)
-        backends = cpu_backends(lib_dir)
-        for name, lib in backends.items():
-            _copy(lib, tmp / "lib" / name)
+        variants = cpu_variants(lib_dir)  # loaded at run time, so no library NEEDs them: shared_libraries misses them
+        for v in variants:
+            _copy(lib_dir / f"libggml-cpu-{v}.so", tmp / "lib" / f"libggml-cpu-{v}.so")
         for h in headers(tree_dir()):
             _copy(h, tmp / "include" / h.name)
         _copy(EXAMPLE, tmp / "example" / EXAMPLE.name)
-        manifest["library"] = library_build([n.removeprefix("libggml-cpu-").removesuffix(".so") for n in backends])
+        manifest["library"] = library_build(variants)
     (tmp / "README.md").write_text(render(manifest, find_results(model, results), bundle=bundle))
     manifest["files"] = {p.relative_to(tmp).as_posix(): _entry(p) for p in sorted(tmp.rglob("*")) if not p.is_dir()}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
