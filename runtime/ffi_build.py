@@ -109,6 +109,7 @@ const char * llama_print_system_info(void);
 struct ggml_vq_layout {
     int64_t in, out;
     int32_t v, b1, b2;
+    int64_t P, n_tail;
     int64_t G;
     int64_t n_o;
     int32_t v0, b0;
@@ -122,6 +123,7 @@ struct ggml_vq_layout {
     const int32_t     * outlier_cols;
     const int16_t     * outlier_idx;
     const ggml_fp16_t * outlier_codebook;
+    const ggml_fp16_t * tail;
 };
 void ggml_vq_dequantize(const struct ggml_vq_layout * layout, float * dst);
 bool ggml_vq_check_data(const struct ggml_vq_layout * layout, char * err, size_t err_size);

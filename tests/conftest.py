@@ -55,7 +55,8 @@ def quantize_with_all_sides(W: np.ndarray, cfg: VQConfig, groups: int, rng: np.r
 
 
 # (tensor, config, with every side tensor, column groups): odd code widths that straddle bytes (b = 3, 12,
-# 18), residual codebooks, every vector length the default model's shapes allow, and the rates 0.75 .. 3
+# 18), residual codebooks, every vector length the default model's shapes allow, the rates 0.75 .. 3, and
+# vector lengths that do not divide the outputs (tails: 192 mod 5 = 2, 1536 mod 7 = 3)
 FEATURE_TENSORS = {
     "blk.0.ffn_down.weight": (VQConfig(v=4, k=256, k_res=16, kmeans_iters=4), True, 2),
     "blk.0.attn_q.weight": (VQConfig(v=8, k=4096, kmeans_iters=2), False, 1),
@@ -65,6 +66,8 @@ FEATURE_TENSORS = {
     "blk.2.ffn_gate.weight": (VQConfig(v=2, k=64, kmeans_iters=4), False, 1),
     "blk.2.attn_k.weight": (VQConfig(v=4, k=8, kmeans_iters=4), False, 1),
     "blk.2.ffn_up.weight": (VQConfig(v=2, k=1024, kmeans_iters=2), False, 1),  # 5 bits per weight
+    "blk.3.attn_k.weight": (VQConfig(v=5, k=1024, kmeans_iters=2), False, 1),
+    "blk.3.ffn_up.weight": (VQConfig(v=7, k=128, kmeans_iters=2), False, 2),
 }
 
 

@@ -20,7 +20,8 @@ from vq_gguf.vqtensor import Shared, VQTensor
 Q = "blk.0.attn_q.weight"       # v4, K1 16 + K2 16, 2 groups, every side tensor
 K = "blk.0.attn_k.weight"       # v2, K1 8, 3-bit codes
 D = "blk.0.ffn_down.weight"     # v4, K1 256, 3 groups of 32 columns, every side tensor
-G = "blk.0.ffn_gate.weight"     # v6, K1 64, no side tensor but the codebook
+G = "blk.0.ffn_gate.weight"     # v8, K1 256, no side tensor but the codebook
+V = "blk.0.attn_v.weight"       # v6 on 32 outputs: 5 vector rows and a tail of 2, no other side tensor
 O = "blk.0.attn_output.weight"  # v4, K1 64 + K2 8, every side tensor, its outlier codebook shared with ffn_up
 
 
@@ -222,7 +223,7 @@ def corpus() -> list[Case]:
           for t in (1500, 5000, 0xFFFFFFFF)],
         # format version
         Case("format version missing", raw(lambda lay, d: d.replace(b"vq.format_version", b"vq.format_versioX")), ("format version",)),
-        Case("format version 4", raw(set_format_version("I", (4, 4))), ("format version",)),
+        Case("format version 5", raw(set_format_version("I", (4, 5))), ("format version",)),
         Case("format version 0", raw(set_format_version("I", (4, 0))), ("format version",)),
         Case("format version of type int32", raw(set_format_version("i", (5, 1))), ("format version",)),
         # the rope order of imported q and k weights
@@ -288,7 +289,8 @@ def corpus() -> list[Case]:
         # (refused by llama.cpp's data check when the loader runs it, which the runtime does, else by ggml_vq_check_data)
         *[Case(f"{what} in {suffix}", raw(set_data(side(w, suffix), val, 5)), (w.removesuffix(".weight"), suffix))
           for w, suffix, vals in ((Q, cb, (NAN16, INF16)), (Q, rcb, (NAN16, INF16)), (D, "vq_col_norm", (NAN32, INF32)),
-                                  (Q, "vq_row_scale", (NAN16, INF16)), (D, "vq_outlier_codebook", (NAN16, INF16)))
+                                  (Q, "vq_row_scale", (NAN16, INF16)), (D, "vq_outlier_codebook", (NAN16, INF16)),
+                                  (V, "vq_tail", (NAN16, INF16)))
           for what, val in zip(("NaN", "Inf"), vals)],
         Case("Inf in the column bias row", raw(set_data(side(Q, "vq_col_norm"), INF32, 64 + 3)), ("blk.0.attn_q", "vq_col_norm")),
         Case("NaN in the token embedding", raw(set_data("token_embd.weight", NAN32, 70)), ("token_embd.weight",),
@@ -308,6 +310,14 @@ def corpus() -> list[Case]:
         Case("permutation entry -2^31", raw(set_data(side(D, "vq_perm"), I32(-2 ** 31), 95)), (D, "permutation")),
         Case("permutation entry repeated", raw(set_data(side(Q, "vq_perm"), I32(0, 0))), (Q, "permutation")),
         Case("identity permutation", raw(set_data(side(D, "vq_perm"), np.arange(96, dtype=np.int32))), None),
+        # the tail of a weight whose vector length does not divide its outputs (format.md §3)
+        Case("tail missing", tiny(V, tail=None), (V, "vq_tail")),
+        Case("tail of one row too few", tiny(V, tail=lambda t: t.tail[:1]), (V, "vq_tail")),
+        Case("tail in F32", tiny(V, edit=lambda ts: [(n, a.astype(np.float32) if n.endswith("vq_tail") else a, r) for n, a, r in ts]),
+             (V, "vq_tail")),
+        Case("tail on a weight whose vector length divides its outputs",
+             tiny(Q, edit=lambda ts: ts + [(side(Q, "vq_tail"), np.zeros((1, 64), np.float16), None)]), (Q, "vq_tail")),
+        Case("tail rows of the index tensor not zero", raw(lambda lay, d: _fill_last_rows(lay, d, V, 2)), None),
         # side tensors missing, duplicated or attached to the wrong weight
         *[Case(f"optional {s} missing", tiny(Q, edit=replace_side(s, lambda a: None)), None)
           for s in ("vq_perm", "vq_col_norm", "vq_row_scale")],
@@ -337,6 +347,13 @@ def corpus() -> list[Case]:
              (link("blk.0.attn_norm.weight", "vq_codebook"), "no VQ weight")),
         Case("codebook linked by weights of other lane counts", _codebook_of_k_linked_by_g, (G, "codebook")),
     ]
+
+
+def _fill_last_rows(lay: Layout, d: bytearray, name: str, rows: int) -> None:
+    """The index tensor's last `rows` rows (a tail's, which hold no codes) set to 0xff: decoders never read them."""
+    start, n = lay.data[name]
+    row = n // tiny_model.SHAPES[name][0]
+    d[start + n - rows * row: start + n] = b"\xff" * (rows * row)
 
 
 def _fill(lay: Layout, d: bytearray, name: str, byte: int) -> None:

@@ -22,12 +22,13 @@ def c_layout(t: VQTensor):
     setattr(L, "in", in_features)  # a Python keyword
     L.out = out_features
     L.v, L.b1, L.b2, L.G = t.v, t.b1, t.b2, t.groups
+    L.P, L.n_tail = t.P, out_features - t.P * t.v
     rs_dtype = np.float16 if t.row_scale is not None and t.row_scale.dtype == np.float16 else np.float32
     rs_field = "row_scale_f16" if rs_dtype == np.float16 else "row_scale"
     fields = {"res_codebook": (t.res_codebook, np.float16), "perm": (t.perm, np.int32),
               "col_norm": (t.col_norm, np.float32), rs_field: (t.row_scale, rs_dtype),
               "outlier_cols": (t.outlier_cols, np.int32), "outlier_idx": (t.outlier_idx, np.int16),
-              "outlier_codebook": (t.outlier_codebook, np.float16)}
+              "outlier_codebook": (t.outlier_codebook, np.float16), "tail": (t.tail, np.float16)}
     for name, (arr, dtype) in fields.items():
         if arr is not None:
             keep[name] = np.ascontiguousarray(arr, dtype=dtype)
@@ -37,7 +38,7 @@ def c_layout(t: VQTensor):
         L.b0 = int(t.outlier_codebook.shape[0]).bit_length() - 1
     ctype = {"codes": "uint8_t *", "codebook": "ggml_fp16_t *", "res_codebook": "ggml_fp16_t *", "perm": "int32_t *",
              "col_norm": "float *", "row_scale": "float *", "row_scale_f16": "ggml_fp16_t *", "outlier_cols": "int32_t *", "outlier_idx": "int16_t *",
-             "outlier_codebook": "ggml_fp16_t *"}
+             "outlier_codebook": "ggml_fp16_t *", "tail": "ggml_fp16_t *"}
     for name, arr in keep.items():
         setattr(L, name, ffi.cast(ctype[name], ffi.from_buffer(arr)))
     return L, keep

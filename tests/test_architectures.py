@@ -51,8 +51,12 @@ assert {arch for arch, _ in CONFIGS.values()} == set(source.SUPPORTED_ARCHS)
 QWEN_VOCAB = "models/ggml-vocab-qwen2.gguf"
 SENTENCEPIECE = ("gemma2", "gemma3_text", "phi3")
 
+# v = 6 divides none of the tiny models' widths (as none of Llama's): attn_k and ffn_down get tails (format.md §3),
+# ffn_down's with row scales and one codebook for both blocks
+V6 = VQConfig(v=6, k=64, kmeans_iters=8, refit_rounds=1)
 PRESET = Preset("test-arch", "vptq", VQConfig(v=4, k=64, kmeans_iters=8, refit_rounds=1), n_calib=6, seq_len=128,
-                n_heldout=2)
+                n_heldout=2, overrides=(("attn_k", V6), ("ffn_down", dataclasses.replace(V6, row_scale=True))),
+                share=("ffn_down",))
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +136,8 @@ def test_vq_file_runs_the_decoded_model(arch_model, windows, tmp_path):
     out = quantize_model(src, tmp_path / "tiny.vq.gguf", PRESET, other_type="f32", calib=[DEFAULT_CALIB])
     _, vq = load_quantized(out)
     assert set(vq) == set(src.linear_names())
+    tails = {n for n, t in vq.items() if t.tail is not None}
+    assert tails == {n for n in vq if ".attn_k." in n or ".ffn_down." in n}, tails
     model = Model(src)
     for name, t in vq.items():
         block, kind = int(name.split(".")[1]), name.split(".")[2]
@@ -169,10 +175,12 @@ def test_fine_tuning_writes_norms_in_the_files_convention(arch_model, windows):
 
 
 def test_a_preset_that_does_not_fit_the_shapes_is_refused_before_any_work(arch_model, tmp_path):
+    """Outlier codebooks need v to divide the outputs (format.md §6); 3 divides none of the tiny models' widths.
+    Every shipped preset fits: a width v does not divide gets a tail."""
     src = arch_model[1]
-    preset = Preset("v3", "kmeans", VQConfig(v=3, k=16))   # 3 divides none of the tiny models' widths
+    preset = Preset("v3", "vptq", VQConfig(v=3, k=16, outlier_frac=0.01))
     with pytest.raises(ValueError, match=r"preset v3 does not fit \d+ tensors.*blk\.0\..* with v=3") as e:
         quantize_model(src, tmp_path / "never.gguf", preset)
     assert not any(tmp_path.iterdir())
     fitting = str(e.value).split("Presets that fit this model: ")[1].split(", ")
-    assert "4bit" in fitting and "2bit" in fitting and "2bit-shared" not in fitting and "4bit-shared" not in fitting
+    assert "2bit-shared" in fitting and "4bit-shared" in fitting and "4bit" in fitting

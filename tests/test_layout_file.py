@@ -32,6 +32,9 @@ def test_layout_file_has_the_presets_layout(default_gguf, src, preset, tmp_path)
     assert np.isfinite(logits).all()
 
 
-def test_layout_file_refuses_a_shape_the_layout_cannot_take(default_gguf, tmp_path):
-    with pytest.raises(ValueError, match="does not divide"):
-        layout_file.random_tensor((4096, 576), PRESETS["2bit-shared"].config, np.random.default_rng(0))
+def test_layout_file_takes_a_tail_and_refuses_a_shape_the_layout_cannot_take():
+    cfg, rng = PRESETS["2bit-shared"].config, np.random.default_rng(0)
+    t = layout_file.random_tensor((4096, 576), cfg, rng)        # Llama's width at v = 6: a tail of 4 rows
+    assert t.shape == (4096, 576) and t.P == 682 and t.tail.shape == (4, 576) and t.row_scale.shape == (4096,)
+    with pytest.raises(ValueError, match="whole blocks"):
+        layout_file.random_tensor((4096, 100), cfg, rng)

@@ -216,3 +216,30 @@ def test_the_hessian_is_not_kept():
     del H
     assert ref() is None
     vp.quantize()
+
+
+def test_a_vector_length_that_does_not_divide_the_outputs_leaves_a_tail():
+    """68 outputs at v = 6: 11 vector rows quantized as the first 66 outputs alone would be (rows do not
+    interact in the loss), and the last 2 kept in F16 with row scale 1 (format.md §3)."""
+    W, H = layer(out_features=68, seed=4)
+    cfg = VQConfig(v=6, k=16, refit_rounds=1, row_scale=True)
+    l, t = loss(W, H, cfg)
+    head, _ = loss(W[:66], H, cfg)
+    assert t.shape == (68, 128) and t.P == 11 and t.codes.shape == (11, 128) and t.tail.dtype == np.float16
+    np.testing.assert_array_equal(t.tail, W[66:].numpy().astype(np.float16))
+    np.testing.assert_array_equal(t.row_scale[66:], np.ones(2, np.float16))
+    Wq = dequantize(t)
+    np.testing.assert_array_equal(Wq[66:], W[66:].half().float().numpy())
+    tail_loss = proxy_loss(W[66:], torch.from_numpy(Wq[66:]), H)
+    assert l == pytest.approx(head + tail_loss, rel=1e-6)
+
+
+def test_the_index_tensor_of_a_tail_holds_zeros_past_the_codes():
+    from vq_gguf.vqtensor import VQTensor
+    W, H = layer(out_features=34, in_features=64, seed=5)
+    t = VPTQ(W, H, VQConfig(v=4, k=16, refit_rounds=0)).quantize()   # 8 vector rows and 2 tail rows
+    (name, index, _), *sides = t.gguf_tensors("blk.0.attn_k.weight")
+    assert index.shape == (34, 64 * 4 // 4 // 8) and not index[32:].any() and index[:32].any()
+    assert [n for n, _, _ in sides] == ["blk.0.attn_k.vq_codebook", "blk.0.attn_k.vq_tail"]
+    with pytest.raises(ValueError, match="outliers"):
+        VPTQ(W, H, VQConfig(v=4, k=16, outlier_frac=0.05))

@@ -19,9 +19,9 @@ N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_VOCAB, N_CTX = 64, 96, 4, 2, 32, 128
 LAYOUT = {
     "blk.0.attn_q.weight": (4, 16, 16, 2, True),       # 8-bit codes, vq2_00
     "blk.0.attn_k.weight": (2, 8, 0, 1, False),        # 3-bit codes straddling bytes, vq1_50
-    "blk.0.attn_v.weight": (8, 256, 0, 1, False),      # vq1_00
+    "blk.0.attn_v.weight": (6, 64, 0, 1, False),       # vq1_00 with v = 6 on 32 outputs: a tail of 2 rows
     "blk.0.attn_output.weight": (4, 64, 8, 2, True),   # 9-bit codes, vq2_25
-    "blk.0.ffn_gate.weight": (6, 64, 0, 1, False),     # vq1_00 with v = 6
+    "blk.0.ffn_gate.weight": (8, 256, 0, 1, False),    # vq1_00
     "blk.0.ffn_up.weight": (1, 4, 0, 1, False),        # v = 1, vq2_00
     "blk.0.ffn_down.weight": (4, 256, 0, 3, True),     # three groups of 32 columns
 }
@@ -86,7 +86,7 @@ def vq_tensor(name: str, rng: np.random.Generator) -> VQTensor:
     v, k1, k2, groups, sides = LAYOUT[name]
     out_features, in_features = SHAPES[name]
     codes = lambda k: rng.integers(0, k, (out_features // v, in_features)).astype(np.uint32)
-    t = VQTensor(shape=(out_features, in_features), codes=codes(k1),
+    t = VQTensor(shape=(out_features // v * v, in_features), codes=codes(k1),
                  codebook=rng.normal(0, 0.1, (groups, k1, v)).astype(np.float16))
     if k2:
         t.res_codes, t.res_codebook = codes(k2), rng.normal(0, 0.02, (groups, k2, v)).astype(np.float16)
@@ -98,7 +98,7 @@ def vq_tensor(name: str, rng: np.random.Generator) -> VQTensor:
         t.outlier_cols = rng.choice(in_features, n_o, replace=False).astype(np.int32)
         t.outlier_idx = rng.integers(0, k0, (n_o, out_features // v0)).astype(np.int16)
         t.outlier_codebook = rng.normal(0, 0.05, (k0, v0)).astype(np.float16)
-    return t
+    return t.add_tail(rng.normal(0, 0.1, (out_features % v, in_features)))
 
 
 # attn_output's outlier codebook is shared with ffn_up, which has outlier columns of its own (docs/format.md 4.1)

@@ -310,7 +310,7 @@ def memory_bound(threads: int, in_out: tuple[int, int], reps: int = 5) -> str:
         if cfg.groups != 1 or cfg.outlier_frac or cfg.col_norm:
             raise SystemExit(f"preset {name}: test-vq-matmul bench has no groups, outliers or column norms")
         if not cfg.fits(in_out[1], in_out[0]):
-            lines.append(f"| {name}: v{cfg.v} does not divide {in_out[1]} outputs (the preset refuses this shape) | | | | |")
+            lines.append(f"| {name}: v{cfg.v} does not fit {in_out[1]} outputs (the preset refuses this shape) | | | | |")
             continue
         bits = cfg.index_bits / cfg.v
         mats = max(2, round(MEMORY_BOUND_BYTES * 8 / (bits * in_out[0] * in_out[1])))

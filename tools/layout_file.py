@@ -27,7 +27,7 @@ def random_tensor(shape: tuple[int, int], cfg: VQConfig, rng: np.random.Generato
     if cfg.outlier_frac:
         raise ValueError("layout files have no outlier codebooks (no preset uses them)")
     if not cfg.fits(out_f, in_f):
-        raise ValueError(f"v={cfg.v} does not divide {out_f} output channels, or {in_f} inputs are not whole blocks")
+        raise ValueError(f"v={cfg.v} does not fit {out_f} output channels, or {in_f} inputs are not whole blocks")
     P = out_f // cfg.v
     book = lambda k: (rng.standard_normal((cfg.groups, k, cfg.v)) * SCALE).astype(np.float16)
     t = VQTensor(shape=shape, codes=rng.integers(0, cfg.k, (P, in_f), dtype=np.uint32), codebook=book(cfg.k))
@@ -37,7 +37,10 @@ def random_tensor(shape: tuple[int, int], cfg: VQConfig, rng: np.random.Generato
         t.row_scale = np.ones(out_f, np.float16)
     if cfg.col_norm:
         t.col_norm = np.stack([np.ones(in_f, np.float32), np.zeros(in_f, np.float32)])
-    return t
+    t.shape = (P * cfg.v, in_f)
+    if t.row_scale is not None:
+        t.row_scale = t.row_scale[:P * cfg.v]
+    return t.add_tail(rng.standard_normal((out_f - P * cfg.v, in_f)) * SCALE)
 
 
 def layout_tensors(src: source_mod.SourceModel, preset: Preset, seed: int = 0) -> dict[str, VQTensor]:

@@ -30,9 +30,11 @@ class VQConfig:
         return ggml_vq.code_bits(self.k) + (ggml_vq.code_bits(self.k_res) if self.k_res else 0)
 
     def fits(self, out_features: int, in_features: int) -> bool:
-        """A weight of this shape can take these settings: v divides its output channels, its input columns are
-        whole blocks (format.md)."""
-        return out_features % self.v == 0 and in_features % ggml_vq.BLOCK_SIZE == 0
+        """A weight of this shape can take these settings: its input columns are whole blocks, it has at least one
+        vector row, and v (and v0) divide its output channels where there are outlier codebooks (format.md; the
+        out % v channels past the last vector row are the weight's tail otherwise)."""
+        return (in_features % ggml_vq.BLOCK_SIZE == 0 and out_features >= self.v and
+                (not self.outlier_frac or (out_features % self.v == 0 and out_features % self.v0 == 0)))
 
     def calibrated(self) -> list[str]:
         """The settings that need calibration Hessians (the plain k-means method refuses them)."""

@@ -66,13 +66,14 @@ class VQWeight(torch.nn.Module):
             self.O = book("vq_outlier_codebook", t.outlier_codebook)
         self.register_buffer("outlier_cols", None if t.outlier_cols is None else torch.from_numpy(t.outlier_cols.astype(np.int64)))
         self.register_buffer("outlier_idx", None if t.outlier_idx is None else torch.from_numpy(t.outlier_idx.astype(np.int64)))
+        self.register_buffer("tail", None if t.tail is None else torch.from_numpy(t.tail.astype(np.float32)))
 
     def forward(self) -> torch.Tensor:
         out_features, in_features = self.shape
         vals = self.C[self.codes]                                             # [P, in, v]
         if self.R is not None:
             vals = vals + self.R[self.res_codes]
-        W = vals.permute(0, 2, 1).reshape(out_features, in_features)          # stored column order
+        W = vals.permute(0, 2, 1).reshape(-1, in_features)                    # stored column order, P·v rows
         if self.col_norm is not None:
             W = W * self.col_norm[0] + self.col_norm[1]
         if self.perm is not None:
@@ -80,6 +81,8 @@ class VQWeight(torch.nn.Module):
         if self.O is not None:
             corr = self.O[self.outlier_idx].reshape(len(self.outlier_cols), out_features).T   # [out, n_o]
             W = W.index_add(1, self.outlier_cols, corr)
+        if self.tail is not None:
+            W = torch.cat([W, self.tail])
         if self.row_scale is not None:
             W = W * self.row_scale[:, None]
         return W

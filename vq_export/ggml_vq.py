@@ -11,7 +11,7 @@ import enum
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 FORMAT_KEY = "vq.format_version"
-FORMAT_VERSION = 3       # the newest version this package writes (format_version says which a file gets)
+FORMAT_VERSION = 4       # the newest version this package writes (format_version says which a file gets)
 LINK_PREFIX = "vq.link."  # vq.link.<side tensor name> = "vq_shared.<label>.<suffix>" (format.md 4.1)
 SHARED_PREFIX = "vq_shared."
 METHOD_KEY = "vq.method"
@@ -35,15 +35,17 @@ SIDES = (
     "vq_outlier_cols",
     "vq_outlier_idx",
     "vq_outlier_codebook",
+    "vq_tail",
 )
 WEIGHT_SUFFIX = ".weight"
 
 
-def format_version(shares: bool, rope_neox: bool = False) -> int:
-    """The version a file declares: 3 with q and k in Hugging Face's row order (ROPE_NEOX_KEY: a reader that
-    ignored the key would rotate the wrong rows), else 2 when it shares side tensors (format.md 4.1), else 1, so
-    that older readers keep reading every file they can describe and refuse the others."""
-    return 3 if rope_neox else 2 if shares else 1
+def format_version(shares: bool, rope_neox: bool = False, tails: bool = False) -> int:
+    """The version a file declares: 4 when a weight has a tail (vq_tail: its vector length does not divide its
+    outputs), else 3 with q and k in Hugging Face's row order (ROPE_NEOX_KEY: a reader that ignored the key would
+    rotate the wrong rows), else 2 when it shares side tensors (format.md 4.1), else 1, so that older readers keep
+    reading every file they can describe and refuse the others."""
+    return 4 if tails else 3 if rope_neox else 2 if shares else 1
 
 
 def code_bits(k: int) -> int:

@@ -112,7 +112,8 @@ def _gguf_writer(tmp: Path, source: SourceModel, vq: Mapping[str, VQTensor], ove
     links = {k: v for name in source.tensors if name in vq for k, v in vq[name].links(name).items()}  # file order
     if vq:
         rope_neox = any(kv.key == ggml_vq.ROPE_NEOX_KEY and kv.value for kv in source.metadata)
-        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.format_version(shares=bool(links), rope_neox=rope_neox),
+        tails = any(t.tail is not None for t in vq.values())
+        writer.add_key_value(ggml_vq.FORMAT_KEY, ggml_vq.format_version(shares=bool(links), rope_neox=rope_neox, tails=tails),
                              GGUFValueType.UINT32)
     for key, value in {**extra_kv, **links}.items():
         writer.add_key_value(key, value, GGUFValueType.STRING)

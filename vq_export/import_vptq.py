@@ -100,7 +100,8 @@ def layer_to_vq(module: str, cfg: dict, get) -> VQTensor:
     if cfg.get("vector_quant_dim", "out") != "out":
         refuse(f"vector_quant_dim {cfg['vector_quant_dim']!r}: only 'out' (vectors along output channels) exists")
     if out_f % v:
-        refuse(f"vector length {v} does not divide {out_f} output channels (VPTQ pads the last vector; the format has no padding)")
+        refuse(f"vector length {v} does not divide {out_f} output channels (VPTQ pads the last vector; reading it "
+               f"into the format's tail of F16 rows is not done)")
     if in_f % ggml_vq.BLOCK_SIZE:
         refuse(f"{in_f} input columns are not a multiple of {ggml_vq.BLOCK_SIZE}")
     if G * gs + (n_o if outliers else 0) != in_f:

@@ -43,7 +43,7 @@ from .presets import PRESETS, Preset
 from .reference import dequantize
 from .source import SourceModel
 from .vptq import VPTQ, output_error, shared_codebook
-from .vqtensor import Shared, VQTensor, to_vectors
+from .vqtensor import Shared, VQTensor, split_tail, to_vectors
 
 
 def fit_codebook(X: torch.Tensor, k: int, iters: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,13 +55,13 @@ def fit_codebook(X: torch.Tensor, k: int, iters: int, seed: int) -> tuple[torch.
 def quantize_linear(W: np.ndarray, cfg: VQConfig) -> VQTensor:
     """The kmeans method for one weight: nearest-centroid codes, optional residual codebook (cfg's v, k, k_res,
     kmeans_iters and seed; the settings that need calibration are refused)."""
-    out_features, in_features = W.shape
     if cfg.calibrated():
         raise ValueError(f"the kmeans method has no calibration for {', '.join(cfg.calibrated())}; use vptq")
-    if out_features % cfg.v:
-        raise ValueError(f"vector length {cfg.v} does not divide {out_features} output channels")
-    if in_features % ggml_vq.BLOCK_SIZE:
-        raise ValueError(f"{in_features} input columns are not a multiple of {ggml_vq.BLOCK_SIZE}")
+    if not cfg.fits(*W.shape):
+        raise ValueError(f"v = {cfg.v} does not fit a weight of {W.shape[0]} output channels and {W.shape[1]} input "
+                         f"columns (a multiple of {ggml_vq.BLOCK_SIZE})")
+    W, tail = split_tail(np.asarray(W), cfg.v)
+    out_features, in_features = W.shape
     P = out_features // cfg.v
     X = to_vectors(torch.from_numpy(np.ascontiguousarray(W, dtype=np.float32)), cfg.v)
 
@@ -73,7 +73,7 @@ def quantize_linear(W: np.ndarray, cfg: VQConfig) -> VQTensor:
     if cfg.k_res:
         R, ridx = fit_codebook(X - C[idx], cfg.k_res, cfg.kmeans_iters, cfg.seed + 1)
         t.res_codes, t.res_codebook = codes(ridx), R.to(torch.float16).numpy()[None]
-    return t
+    return t.add_tail(tail)
 
 
 # --- resumable parts -------------------------------------------------------------------------------------
@@ -248,14 +248,15 @@ def peak_memory_gib() -> float:
 
 
 def check_fits(run: Run) -> None:
-    """Before any work: every tensor's settings fit its shape (v divides the output channels, whole blocks of
-    input columns); a ValueError lists the tensors that do not and the shipped presets that fit them all."""
+    """Before any work: every tensor's settings fit its shape (VQConfig.fits: whole blocks of input columns, at
+    least v outputs, v dividing them where there are outliers); a ValueError lists the tensors that do not and
+    the shipped presets that fit them all."""
     misfits = _misfits(run.preset, run)
     if misfits:
         fitting = [name for name, p in PRESETS.items() if not _misfits(p, run)]
-        raise ValueError(f"preset {run.preset.name} does not fit {len(misfits)} tensors of this model (the vector "
-                         f"length must divide the output channels, the input columns be a multiple of "
-                         f"{ggml_vq.BLOCK_SIZE}): {'; '.join(misfits[:5])}{' ...' if len(misfits) > 5 else ''}. "
+        raise ValueError(f"preset {run.preset.name} does not fit {len(misfits)} tensors of this model (the input "
+                         f"columns must be a multiple of {ggml_vq.BLOCK_SIZE}, the outputs at least the vector length "
+                         f"and, with outlier codebooks, a multiple of it): {'; '.join(misfits[:5])}{' ...' if len(misfits) > 5 else ''}. "
                          f"Presets that fit this model: {', '.join(fitting) or 'none'}")
 
 
@@ -278,7 +279,7 @@ def estimate_bytes(run: Run) -> int:
         if name in run.names:
             cfg = run.preset.config_for(name, run.source.n_blocks)
             bits = math.log2(cfg.k) + (math.log2(cfg.k_res) if cfg.k_res else 0)
-            total += math.prod(shape) * bits / cfg.v / 8 + 2 * cfg.v * (cfg.k + cfg.k_res) + 16 * sum(shape)
+            total += math.prod(shape) * bits / cfg.v / 8 + 2 * cfg.v * (cfg.k + cfg.k_res) + 16 * sum(shape) + 2 * (shape[0] % cfg.v) * shape[1]
         else:
             total += math.prod(shape) * (4 if len(shape) < 2 else other[1] / other[0])
     return int(total)

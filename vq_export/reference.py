@@ -12,8 +12,7 @@ from .vqtensor import VQTensor
 def dequantize(t: VQTensor) -> np.ndarray:
     """float32 [out, in] in the original column order."""
     out_features, in_features = t.shape
-    v, G = t.v, t.groups
-    P = out_features // v
+    v, G, P = t.v, t.groups, t.P
     group = np.arange(in_features) // (in_features // G)                    # per stored column
     vals = t.codebook.astype(np.float32)[group[None, :], t.codes]           # [P, in, v]
     if t.res_codebook is not None:
@@ -21,8 +20,10 @@ def dequantize(t: VQTensor) -> np.ndarray:
     if t.col_norm is not None:
         vals = vals * t.col_norm[0][None, :, None] + t.col_norm[1][None, :, None]
     stored = vals.transpose(0, 2, 1).reshape(P * v, in_features)            # row p*v+e, stored column j
-    w = np.empty_like(stored)
-    w[:, t.perm if t.perm is not None else np.arange(in_features)] = stored
+    w = np.empty((out_features, in_features), np.float32)
+    w[:P * v][:, t.perm if t.perm is not None else np.arange(in_features)] = stored
+    if t.tail is not None:
+        w[P * v:] = t.tail
     if t.outlier_cols is not None:
         K0, v0 = t.outlier_codebook.shape
         rows = np.arange(out_features)

@@ -15,7 +15,7 @@ import torch
 from .config import VQConfig
 from .distributed import Ranks
 from .kmeans import TAIL_POINTS, centroid_terms, kmeans, nearest, nearest_in
-from .vqtensor import VQTensor, to_vectors
+from .vqtensor import VQTensor, split_tail, to_vectors
 
 
 def f16(x: torch.Tensor) -> torch.Tensor:
@@ -44,6 +44,9 @@ class VPTQ:
     With col_norm / row_scale the codebooks quantize Wn, where W = u ⊙rows (Wn ⊙cols s + t) (format.md §5).
     The column scaling moves into the Hessian (H' = S H S) and the row scale into lane weights u² of every
     distance, k-means and refit, so each step still minimises the true output error.
+
+    Where v does not divide the outputs, the last out % v rows are the weight's tail, kept in F16 (format.md §3):
+    rows do not interact in the loss, so everything here works on the rows above it (W0) and loses nothing.
     """
 
     def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VQConfig,
@@ -51,18 +54,21 @@ class VPTQ:
         """`codebook` [1, k, v]: a fixed main codebook (one several weights share, see shared_codebook): no
         k-means and no refit of it here. `channel_weight` [out]: g_o, the weight of output channel o's error in
         the loss Σ_o g_o ‖ΔW_o X‖² (fisher.py; None: all 1, the paper's loss)."""
-        self.W0 = torch.as_tensor(W, dtype=torch.float32)   # not a copy: never written
+        W = torch.as_tensor(W, dtype=torch.float32)          # not a copy: never written
         self.cfg = cfg
         self.codebook = codebook
         self.g = None if channel_weight is None else torch.as_tensor(channel_weight, dtype=torch.float32)
-        if self.g is not None and (self.g.shape != (self.W0.shape[0],) or not torch.isfinite(self.g).all() or (self.g < 0).any()):
-            raise ValueError(f"channel weights must be {self.W0.shape[0]} finite values ≥ 0")
+        if self.g is not None and (self.g.shape != (W.shape[0],) or not torch.isfinite(self.g).all() or (self.g < 0).any()):
+            raise ValueError(f"channel weights must be {W.shape[0]} finite values ≥ 0")
+        if not cfg.fits(*W.shape):
+            raise ValueError(f"v = {cfg.v} (outliers: v0 = {cfg.v0}) does not fit a weight of {W.shape[0]} output "
+                             f"channels and {W.shape[1]} input columns")
+        self.W0, self.tail = split_tail(W, cfg.v)
+        self.g = None if self.g is None else self.g[:self.W0.shape[0]]
         if codebook is not None and (cfg.k_res or cfg.outlier_frac or cfg.groups != 1 or codebook.shape != (1, cfg.k, cfg.v)):
             raise ValueError(f"a shared codebook {tuple(codebook.shape)} needs one group of [{cfg.k}, {cfg.v}] "
                              "without residual or outlier codebooks")
         out_features, in_features = self.W0.shape
-        if out_features % cfg.v or (cfg.outlier_frac and out_features % cfg.v0):
-            raise ValueError(f"vector lengths {cfg.v}/{cfg.v0} do not divide {out_features} output channels")
         if in_features % cfg.groups:
             raise ValueError(f"{cfg.groups} column groups do not divide {in_features} input columns")
         self.P = out_features // cfg.v
@@ -171,7 +177,7 @@ class VPTQ:
         codes = torch.zeros(n, P, dtype=torch.long)
         rcodes = torch.zeros(n, P, dtype=torch.long) if R is not None else None
         ocodes = torch.zeros(n_out, WT.shape[1] // cfg.v0, dtype=torch.long) if O is not None else None
-        U, lw, lw0 = self.U, self._lane_w(v), self._lane_w(cfg.v0)
+        U, lw, lw0 = self.U, self._lane_w(v), (self._lane_w(cfg.v0) if O is not None else None)
         main = [centroid_terms(Cg, lw) for Cg in C]
         res = [centroid_terms(Rg, lw) for Rg in R] if R is not None else None
         out = centroid_terms(O, lw0) if O is not None else None
@@ -301,7 +307,7 @@ class VPTQ:
             t.outlier_cols = self.perm[:n_out].numpy().astype(np.int32)
             t.outlier_idx = ocodes.numpy().astype(np.int16)
             t.outlier_codebook = O.to(torch.float16).numpy()
-        return t
+        return t.add_tail(self.tail.numpy())
 
 
 def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points: int = 1 << 18,

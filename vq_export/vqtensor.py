@@ -1,6 +1,7 @@
 """One VQ-quantized weight: indices, codebooks and side data, and its GGUF tensors (docs/format.md §4).
 
 A vector is v consecutive output channels at one input column: vector row p of column j holds W[p·v : p·v+v, j].
+Where v does not divide the output channels, the last out % v of them are the weight's tail, kept as F16 values.
 A side tensor that several weights link to (format.md 4.1) is one `Shared` object that each of them holds.
 """
 from __future__ import annotations
@@ -18,6 +19,12 @@ def to_vectors(W: torch.Tensor, v: int) -> torch.Tensor:
     """[out, n] -> [n·P, v]: the vectors of a weight, vector row p of column j at row j·P + p. Codes found
     for them, idx [n·P], are the weight's codes [P, n] as idx.reshape(n, P).T."""
     return W.T.reshape(-1, v)
+
+
+def split_tail(W, v: int):
+    """W [out, in] -> (the out // v · v rows that vectors cover, the tail of out % v rows after them)."""
+    n = W.shape[0] // v * v
+    return W[:n], W[n:]
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,7 +59,18 @@ class VQTensor:
     outlier_cols: np.ndarray | None = None        # int32 [n_o]
     outlier_idx: np.ndarray | None = None         # int16 [n_o, out/v0]
     outlier_codebook: np.ndarray | None = None    # float16 [K0, v0]
+    tail: np.ndarray | None = None                # float16 [out % v, in]: the output channels past P·v
     shared: dict[str, Shared] = field(default_factory=dict)  # side -> the shared tensor that holds it
+
+    def add_tail(self, rows) -> "VQTensor":
+        """This weight of P·v rows with `rows` [out % v, in] after them as its tail (format.md §3: their values in
+        F16, row scale 1); nothing to add for no rows."""
+        if len(rows):
+            self.shape = (self.shape[0] + len(rows), self.shape[1])
+            self.tail = np.asarray(rows, dtype=np.float32).astype(np.float16)
+            if self.row_scale is not None:
+                self.row_scale = np.concatenate([self.row_scale, np.ones(len(rows), self.row_scale.dtype)])
+        return self
 
     def link(self, shared: Shared) -> "VQTensor":
         """Hold `shared` for its side instead of an own copy (the values must be those the weight has)."""
@@ -66,6 +84,11 @@ class VQTensor:
     @property
     def v(self) -> int:
         return self.codebook.shape[2]
+
+    @property
+    def P(self) -> int:
+        """Vector rows: out // v (the rest is the tail)."""
+        return self.shape[0] // self.v
 
     @property
     def groups(self) -> int:
@@ -95,7 +118,10 @@ class VQTensor:
         merged = self.codes.astype(np.uint64)
         if self.res_codes is not None:
             merged |= self.res_codes.astype(np.uint64) << np.uint64(self.b1)
-        stream = pack_codes(merged, b).reshape(out_features, in_features * self.rate_quarters // 32)
+        stream = pack_codes(merged, b).reshape(-1)
+        # the tail's out % v rows of the index tensor hold no codes (format.md §3): zeros
+        stream = np.concatenate([stream, np.zeros((out_features - self.P * self.v) * in_features * self.rate_quarters // 32, np.uint8)])
+        stream = stream.reshape(out_features, in_features * self.rate_quarters // 32)
         tensors = [(weight_name, stream, ggml_vq.gguf_type(self.rate_quarters))]
         sides = {
             "vq_codebook": self.codebook.astype(np.float16),
@@ -106,6 +132,7 @@ class VQTensor:
             "vq_outlier_cols": None if self.outlier_cols is None else self.outlier_cols.astype(np.int32),
             "vq_outlier_idx": None if self.outlier_idx is None else self.outlier_idx.astype(np.int16),
             "vq_outlier_codebook": None if self.outlier_codebook is None else self.outlier_codebook.astype(np.float16),
+            "vq_tail": None if self.tail is None else self.tail.astype(np.float16),
         }
         for side in ggml_vq.SIDES:
             if side in self.shared:
@@ -152,10 +179,16 @@ class VQTensor:
         v = codebook.shape[2]
         b1 = ggml_vq.code_bits(codebook.shape[1])
         b2 = 0 if res_codebook is None else ggml_vq.code_bits(res_codebook.shape[1])
-        if 4 * (b1 + b2) != n * v or out_features % v:
+        tail = side("vq_tail")
+        n_tail = out_features % v if v else 0
+        if 4 * (b1 + b2) != n * v or out_features < v:
             raise ValueError(f"{weight_name}: codebooks [{v}, 2^{b1}] (+2^{b2}) do not match type {ggml_vq.type_name(n)} "
                              f"and {out_features} output channels")
-        merged = unpack_codes(np.asarray(w.data).reshape(-1), out_features // v, in_features, b1 + b2)
+        if (tail is None) != (n_tail == 0) or (tail is not None and tail.shape != (n_tail, in_features)):
+            raise ValueError(f"{weight_name}: {out_features} output channels with v = {v} need "
+                             + (f"a vq_tail of [{n_tail}, {in_features}]" if n_tail else "no vq_tail"))
+        P = out_features // v
+        merged = unpack_codes(np.asarray(w.data).reshape(-1)[:P * in_features * (b1 + b2) // 8], P, in_features, b1 + b2)
         outlier_idx = side("vq_outlier_idx")
         t = cls(
             shape=(out_features, in_features),
@@ -169,6 +202,7 @@ class VQTensor:
             outlier_cols=side("vq_outlier_cols"),
             outlier_idx=None if outlier_idx is None else outlier_idx.reshape(-1, out_features // side("vq_outlier_codebook").shape[-1]),
             outlier_codebook=side("vq_outlier_codebook"),
+            tail=tail,
         )
         shared_read = {} if shared_read is None else shared_read
         for s, target in shared.items():

@@ -57,7 +57,7 @@ static int log2_exact(int64_t k) {
 
 enum malform { // one side tensor made wrong on purpose
     MAL_NONE, MAL_CB_TYPE, MAL_CB_4D, MAL_RES_V, MAL_PERM_LEN, MAL_NORM_ROWS, MAL_RS_LEN, MAL_OUTL_PART,
-    MAL_OIDX_SHAPE, MAL_OCOLS_TYPE, MAL_COUNT,
+    MAL_OIDX_SHAPE, MAL_OCOLS_TYPE, MAL_TAIL_MISSING, MAL_TAIL_ROWS, MAL_COUNT,
 };
 
 static void fill_f16(struct ggml_tensor * t, float scale, bool absolute) {
@@ -104,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     const int64_t G      = 1 + take(&in) % 8;
     const int64_t n_in   = 32 * (1 + take(&in) % 8);
     const uint8_t ob     = take(&in);
-    const int64_t n_out  = (int64_t) v * (1 + ob % 12) + (ob >= 250 ? 1 : 0);
+    const int64_t n_out  = (int64_t) v * (1 + ob % 12) + (ob >= 224 ? 1 + (ob - 224) % v : 0); // from 224: a tail, mostly
     const uint8_t nb     = take(&in);
     const uint8_t flags  = take(&in);
     const uint8_t outl   = take(&in);
@@ -168,6 +168,11 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (mal == MAL_OUTL_PART) {
             sides[GGML_VQ_OUTLIER_IDX] = NULL;
         }
+    }
+
+    if (n_out % v && mal != MAL_TAIL_MISSING) {
+        sides[GGML_VQ_TAIL] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_in, n_out % v + (mal == MAL_TAIL_ROWS));
+        fill_f16(sides[GGML_VQ_TAIL], scale, false);
     }
 
     // data: finite values of the input's scale; permutation and outliers valid unless the flags ask otherwise

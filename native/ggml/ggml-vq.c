@@ -21,7 +21,7 @@ int ggml_vq_rate_quarters(enum ggml_type type) {
 const char * ggml_vq_side_suffix(enum ggml_vq_side side) {
     static const char * names[GGML_VQ_N_SIDES] = {
         "vq_codebook", "vq_res_codebook", "vq_perm", "vq_col_norm", "vq_row_scale",
-        "vq_outlier_cols", "vq_outlier_idx", "vq_outlier_codebook",
+        "vq_outlier_cols", "vq_outlier_idx", "vq_outlier_codebook", "vq_tail",
     };
     return (int) side >= 0 && side < GGML_VQ_N_SIDES ? names[side] : NULL;
 }
@@ -76,8 +76,19 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
     L->v  = (int32_t) cb->ne[0];
     L->b1 = vq_log2(cb->ne[1]);
     L->G  = cb->ne[2];
-    if (cb->ne[0] < 1 || cb->ne[0] > 64 || L->out % cb->ne[0] != 0) {
-        return vq_fail(err, err_size, "codebook vector length %lld does not divide the %lld output channels", (long long) cb->ne[0], (long long) L->out);
+    if (cb->ne[0] < 1 || cb->ne[0] > 64 || cb->ne[0] > L->out) {
+        return vq_fail(err, err_size, "codebook vector length %lld is outside [1, min(64, %lld output channels)]", (long long) cb->ne[0], (long long) L->out);
+    }
+    L->P      = L->out / L->v;
+    L->n_tail = L->out % L->v;
+    const struct ggml_tensor * tail = sides[GGML_VQ_TAIL];
+    if (L->n_tail && !tail) {
+        return vq_fail(err, err_size, "vector length %d does not divide the %lld output channels, and the last %lld have no %s",
+                       L->v, (long long) L->out, (long long) L->n_tail, ggml_vq_side_suffix(GGML_VQ_TAIL));
+    }
+    if (tail && !vq_shape_is(tail, GGML_TYPE_F16, L->in, L->n_tail, 1)) {
+        return vq_fail(err, err_size, "%s must be F16 [%lld, out %% v = %lld]%s", ggml_vq_side_suffix(GGML_VQ_TAIL), (long long) L->in,
+                       (long long) L->n_tail, L->n_tail ? "" : " (none: the vector length divides the output channels)");
     }
     if (L->b1 < 0) {
         return vq_fail(err, err_size, "codebook size %lld is not a power of two in [2, 65536]", (long long) cb->ne[1]);
@@ -118,6 +129,9 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
     const struct ggml_tensor * oidx  = sides[GGML_VQ_OUTLIER_IDX];
     const struct ggml_tensor * ocb   = sides[GGML_VQ_OUTLIER_CODEBOOK];
     if (ocols || oidx || ocb) {
+        if (L->n_tail) {
+            return vq_fail(err, err_size, "outliers need a vector length that divides the output channels (no %s)", ggml_vq_side_suffix(GGML_VQ_TAIL));
+        }
         if (!ocols || !oidx || !ocb) {
             return vq_fail(err, err_size, "outliers need all of %s, %s and %s", ggml_vq_side_suffix(GGML_VQ_OUTLIER_COLS),
                            ggml_vq_side_suffix(GGML_VQ_OUTLIER_IDX), ggml_vq_side_suffix(GGML_VQ_OUTLIER_CODEBOOK));
@@ -150,6 +164,7 @@ bool ggml_vq_layout_init(struct ggml_vq_layout * L, const struct ggml_tensor * w
     L->outlier_cols     = ocols ? (const int32_t *)     ocols->data : NULL;
     L->outlier_idx      = oidx  ? (const int16_t *)     oidx->data  : NULL;
     L->outlier_codebook = ocb   ? (const ggml_fp16_t *) ocb->data   : NULL;
+    L->tail             = tail  ? (const ggml_fp16_t *) tail->data  : NULL;
     return true;
 }
 
@@ -180,6 +195,7 @@ bool ggml_vq_check_data(const struct ggml_vq_layout * L, char * err, size_t err_
         { ggml_vq_side_suffix(GGML_VQ_ROW_SCALE),        vq_first_nonfinite_f32(L->row_scale, L->out) },
         { ggml_vq_side_suffix(GGML_VQ_ROW_SCALE),        vq_first_nonfinite_f16(L->row_scale_f16, L->out) },
         { ggml_vq_side_suffix(GGML_VQ_OUTLIER_CODEBOOK), vq_first_nonfinite_f16(L->outlier_codebook, (int64_t) L->v0 << L->b0) },
+        { ggml_vq_side_suffix(GGML_VQ_TAIL),             vq_first_nonfinite_f16(L->tail, L->n_tail * L->in) },
     };
     for (size_t i = 0; i < sizeof(finite) / sizeof(finite[0]); ++i) {
         if (finite[i].at >= 0) {
@@ -228,7 +244,21 @@ static inline uint32_t vq_code(const uint8_t * stream, int64_t j, int b) {
     return (uint32_t) ((word >> shift) & (((uint64_t) 1 << b) - 1));
 }
 
+// the tail's rows (output channels P*v ..) into dst[n_tail][in]: their values, times the row scale
+static void vq_decode_tail(const struct ggml_vq_layout * L, float * dst) {
+    for (int64_t e = 0; e < L->n_tail; ++e) {
+        const float u = ggml_vq_row_scale(L, L->P * L->v + e);
+        for (int64_t c = 0; c < L->in; ++c) {
+            dst[e * L->in + c] = GGML_FP16_TO_FP32(L->tail[e * L->in + c]) * u;
+        }
+    }
+}
+
 void ggml_vq_decode_vrow(const struct ggml_vq_layout * L, int64_t p, float * dst) {
+    if (p == L->P) {
+        vq_decode_tail(L, dst);
+        return;
+    }
     const int     v       = L->v;
     const int     b       = L->b1 + L->b2;
     const int64_t in      = L->in;
@@ -272,7 +302,7 @@ void ggml_vq_decode_vrow(const struct ggml_vq_layout * L, int64_t p, float * dst
 }
 
 void ggml_vq_dequantize(const struct ggml_vq_layout * L, float * dst) {
-    for (int64_t p = 0; p < L->out / L->v; ++p) {
+    for (int64_t p = 0; p < L->P + (L->n_tail > 0); ++p) {
         ggml_vq_decode_vrow(L, p, dst + p * L->v * L->in);
     }
 }

@@ -4,11 +4,13 @@
 
 #include "ggml.h"
 
+#include <assert.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define GGML_VQ_FORMAT_VERSION 3                   // reads 1 and 2 too: 2 adds shared side tensors, 3 vq.rope_neox
+#define GGML_VQ_FORMAT_VERSION 4                   // reads 1-3 too: 2 adds shared side tensors, 3 vq.rope_neox, 4 vq_tail
 #define GGML_VQ_FORMAT_KEY     "vq.format_version"
 #define GGML_VQ_LINK_PREFIX    "vq.link."           // vq.link.<side tensor name> = "vq_shared.<label>.<suffix>"
 #define GGML_VQ_SHARED_PREFIX  "vq_shared."
@@ -29,14 +31,17 @@ enum ggml_vq_side {
     GGML_VQ_OUTLIER_COLS,       // I32 [n_o]        optional, with the next two
     GGML_VQ_OUTLIER_IDX,        // I16 [out/v0, n_o]
     GGML_VQ_OUTLIER_CODEBOOK,   // F16 [v0, K0]
+    GGML_VQ_TAIL,               // F16 [in, out % v] with out % v > 0: the last output channels, plain values
     GGML_VQ_N_SIDES,
 };
 #define GGML_VQ_SRC_FIRST 2
+static_assert(GGML_VQ_SRC_FIRST + GGML_VQ_N_SIDES <= GGML_MAX_SRC, "a VQ MUL_MAT node holds the weight, the activations and every side tensor");
 
 // a VQ weight resolved to host pointers: what every decoder reads
 struct ggml_vq_layout {
     int64_t in, out;      // logical shape: ne = [in, out]
     int32_t v, b1, b2;    // vector length, main and residual index bits (b2 = 0: no residual)
+    int64_t P, n_tail;    // vector rows (out / v) and the tail's output channels (out % v)
     int64_t G;            // column groups (codebooks)
     int64_t n_o;          // outlier columns (0: none)
     int32_t v0, b0;       // outlier vector length and index bits
@@ -50,6 +55,7 @@ struct ggml_vq_layout {
     const int32_t     * outlier_cols;
     const int16_t     * outlier_idx;
     const ggml_fp16_t * outlier_codebook;
+    const ggml_fp16_t * tail;           // [n_tail][in], or NULL
 };
 
 GGML_API bool         ggml_is_vq(enum ggml_type type);
@@ -71,7 +77,7 @@ static inline float ggml_vq_row_scale(const struct ggml_vq_layout * layout, int6
 }
 
 // Reference decoder. Decodes vector row p (output channels p*v .. p*v+v-1) into dst[v][in], in the
-// original column order, outliers and row scale included.
+// original column order, outliers and row scale included; p = P decodes the tail (n_tail rows).
 GGML_API void ggml_vq_decode_vrow(const struct ggml_vq_layout * layout, int64_t p, float * dst);
 
 // Reference decoder for the whole weight into dst[out][in].

@@ -74,7 +74,7 @@ struct vq_geom {
     int     mr, nr;      // gemm: rows per panel, tokens per block
     int64_t tile_vrows;  // gemm, scalar, ref: vector rows decoded at a time
     size_t  shared_bytes, xs_bytes;                 // shared: activations (xs or packed), then tb[ntok]
-    size_t  lut_bytes, idx_bytes, cbuf_bytes, tile_bytes, xinfo_bytes, rs_bytes, thread_bytes; // per thread
+    size_t  lut_bytes, idx_bytes, cbuf_bytes, tile_bytes, xinfo_bytes, rs_bytes, tail_bytes, thread_bytes; // per thread
     bool    perm, norm, plain; // plain: no permutation, column norm, row scale or outliers
     int64_t n_o;
 };

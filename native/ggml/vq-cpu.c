@@ -230,7 +230,9 @@ static void vq_geom_init(struct vq_geom * g, const struct ggml_tensor * node, in
     g->shared_bytes = g->xs_bytes ? g->xs_bytes + vq_pad64((size_t) g->ntok * sizeof(float)) : 0;
     // an F16 row scale is widened to F32 once per call, each thread its own rows (at their index in `out`)
     g->rs_bytes     = rs && rs->type == GGML_TYPE_F16 ? vq_pad64((size_t) g->out * sizeof(float)) : 0;
-    g->thread_bytes = g->lut_bytes + g->idx_bytes + g->cbuf_bytes + g->tile_bytes + g->xinfo_bytes + g->rs_bytes;
+    // the last thread's tail rows, one at a time (vq_tail_rows)
+    g->tail_bytes   = g->out % g->v ? vq_pad64((size_t) g->in * sizeof(float)) : 0;
+    g->thread_bytes = g->lut_bytes + g->idx_bytes + g->cbuf_bytes + g->tile_bytes + g->xinfo_bytes + g->rs_bytes + g->tail_bytes;
 }
 
 size_t ggml_vq_cpu_work_size(const struct ggml_tensor * node, int n_threads) {
@@ -261,6 +263,21 @@ static void vq_epilogue(const struct vq_call * c, int64_t r0, int64_t r1, int64_
             s += GGML_CPU_FP16_TO_FP32(L->outlier_codebook[(int64_t) id * L->v0 + r % L->v0]) * x[L->outlier_cols[o]];
         }
         y[r] = L->row_scale ? s * L->row_scale[r] : s;
+    }
+}
+
+// the tail's output channels (P*v ..), exact: the reference decoder's values, then ggml_vec_dot_f32 with every token
+static void vq_tail_rows(const struct vq_call * c, float * row) {
+    const struct ggml_vq_layout * L = &c->L;
+    for (int64_t e = 0; e < L->n_tail; ++e) {
+        const int64_t r = L->P * L->v + e;
+        const float   u = ggml_vq_row_scale(L, r);
+        for (int64_t j = 0; j < L->in; ++j) {
+            row[j] = GGML_CPU_FP16_TO_FP32(L->tail[e * L->in + j]) * u;
+        }
+        for (int64_t t = 0; t < c->g.ntok; ++t) {
+            ggml_vec_dot_f32((int) L->in, vq_y_row(c, t) + r, 0, row, 0, vq_src_row(c, t), 0, 1);
+        }
     }
 }
 
@@ -530,15 +547,17 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
     float    * tile = (float *) (wthr + g->lut_bytes + g->idx_bytes + g->cbuf_bytes);
     char     * xmem = wthr + g->lut_bytes + g->idx_bytes + g->cbuf_bytes + g->tile_bytes;
     (void) tab2; (void) ib1; (void) ib2; (void) ibo; (void) cbuf; (void) xmem;
+    const bool tail = p1 == g->P && c.L.n_tail; // the last thread also computes the tail
     if (c.L.row_scale_f16) {
         float * u = (float *) (xmem + g->xinfo_bytes);
-        for (int64_t r = p0 * v; r < p1 * v; ++r) {
+        for (int64_t r = p0 * v; r < (tail ? g->out : p1 * v); ++r) {
             u[r] = GGML_CPU_FP16_TO_FP32(c.L.row_scale_f16[r]);
         }
         c.L.row_scale     = u;
         c.L.row_scale_f16 = NULL;
     }
 
+    bool exact = true; // the path's weights already hold the norm, outliers and row scale: no epilogue
     switch (g->path) {
         case VQ_PATH_REF: {
             for (int64_t p = p0; p < p1; p += g->tile_vrows) {
@@ -554,25 +573,26 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
                     }
                 }
             }
-            return; // the reference decoder applied everything
+            break; // the reference decoder applied everything
         }
 #if defined(VQ_HAVE_VBMI)
         case VQ_PATH_LUTX: {
             vq_lutx(&c, p0, p1, tab1, tab2, ib1, ib2, ibo, xmem);
-            return; // exact: the weights already hold the norm, outliers and row scale
+            break;
         }
 #endif
         case VQ_PATH_DECX: {
             vq_decx_rows(&c, p0, p1, tile, cbuf);
-            return; // exact: the weights already hold the norm, outliers and row scale
+            break;
         }
 #if defined(VQ_HAVE_CENTX)
         case VQ_PATH_CENTX: {
             vq_centx_rows(&c, p0, p1, (ggml_fp16_t *) tab1, tile, cbuf);
-            return; // exact: the weights already hold the row scale
+            break; // the weights already hold the row scale (centx takes no norm or outliers)
         }
 #endif
         case VQ_PATH_SCALAR: {
+            exact = false;
             uint32_t codes[4 * VQ_CHUNK];
             for (int64_t p = p0; p < p1; p += g->tile_vrows) {
                 const int64_t np = MIN(g->tile_vrows, p1 - p);
@@ -600,12 +620,14 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
         }
 #if defined(VQ_HAVE_VBMI)
         case VQ_PATH_LUT: {
+            exact = false;
             vq_lut(&c, p0, p1, tab1, tab2, ib1, ib2);
             break;
         }
 #endif
 #if defined(VQ_HAVE_NEON)
         case VQ_PATH_CENT: {
+            exact = false;
             for (int64_t t = 0; t < g->ntok; t += 4) {
                 vq_cent_neon_rows(&c, p0, p1, t, (int) MIN(4, g->ntok - t), cbuf);
             }
@@ -614,6 +636,7 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
 #endif
 #if defined(VQ_HAVE_AVX2)
         case VQ_PATH_CENT: {
+            exact = false;
             for (int64_t t = 0; t < g->ntok; t += 4) {
                 const int nt = (int) MIN(4, g->ntok - t);
 #if defined(VQ_HAVE_AVX512)
@@ -628,6 +651,7 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
             break;
         }
         case VQ_PATH_GEMM: {
+            exact = false;
             vq_gemm_rows(&c, p0, p1, tile, cbuf);
             break;
         }
@@ -636,7 +660,10 @@ void ggml_compute_forward_mul_mat_vq(const struct ggml_compute_params * params, 
             GGML_ABORT("vq: path %d not compiled", g->path);
     }
 
-    for (int64_t t = 0; t < g->ntok; ++t) {
+    for (int64_t t = 0; !exact && t < g->ntok; ++t) {
         vq_epilogue(&c, p0 * v, p1 * v, t);
+    }
+    if (tail) {
+        vq_tail_rows(&c, (float *) (xmem + g->xinfo_bytes + g->rs_bytes));
     }
 }

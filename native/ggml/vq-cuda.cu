@@ -316,6 +316,7 @@ static vq_weight_dev vq_weight_of(const ggml_tensor * dst) {
     W.v0          = L.v0;
     W.words       = L.in * (L.b1 + L.b2) / 32;
     GGML_ASSERT(W.v <= 16 && "the CUDA kernels take vector lengths up to 16");
+    GGML_ASSERT(L.n_tail == 0 && "the CUDA kernels take no tail (vq_tail): supports_op sends such weights to the CPU");
     return W;
 }
 

@@ -56,6 +56,17 @@ void llama_vq_sides::load_rope_order(const llama_model_loader & ml, llama_rope_t
     }
 }
 
+// whether dev runs the MUL_MAT of w with its side tensors attached (a one-token node, no data)
+static bool supports_with_sides(ggml_backend_dev_t dev, ggml_tensor * w, const std::array<ggml_tensor *, GGML_VQ_N_SIDES> & s) {
+    ggml_init_params params = { 2 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * x  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1);
+    ggml_tensor * op = ggml_vq_attach(ggml_mul_mat(ctx, w, x), s.data());
+    const bool ok = ggml_backend_dev_supports_op(dev, op);
+    ggml_free(ctx);
+    return ok;
+}
+
 void llama_vq_sides::load(llama_model_loader & ml) {
     std::unordered_set<std::string> side_names;
     std::unordered_set<std::string> links_used;
@@ -75,9 +86,11 @@ void llama_vq_sides::load(llama_model_loader & ml) {
 
         ggml_tensor  * w    = nullptr;
         ggml_context * wctx = nullptr;
+        ggml_backend_buffer_type_t buft = nullptr;
         for (auto & it : ml.ctx_map) {
             if ((w = ggml_get_tensor(it.second.get(), name.c_str()))) {
                 wctx = it.second.get();
+                buft = it.first.buft;
                 break;
             }
         }
@@ -124,6 +137,13 @@ void llama_vq_sides::load(llama_model_loader & ml) {
         char err[256];
         if (!ggml_vq_layout_init(&layout, w, s.data(), err, sizeof(err))) {
             throw std::runtime_error(format("VQ tensor '%s': %s", name.c_str(), err));
+        }
+        // llama.cpp placed the weight by a MUL_MAT without side tensors; the device must take it with them
+        ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
+        if (dev && !supports_with_sides(dev, w, s)) {
+            throw std::runtime_error(format("VQ tensor '%s' (v = %d%s) cannot be multiplied on %s, where it was placed: "
+                    "keep the VQ weights on the CPU (e.g. -ngl 0)", name.c_str(), layout.v,
+                    layout.n_tail ? ", with a tail" : "", ggml_backend_dev_name(dev)));
         }
         sides[w] = s;
         for (const ggml_tensor * t : s) {
