@@ -100,14 +100,16 @@ def test_bandwidth_mode_reports_a_figure():
 def test_bench_counts_the_bytes_it_reads():
     """bench and bench-type report the weights' bits as stored (side tensors included), which the
     memory-bound benchmark divides by the time: q4_K is 4.5 bits, v4 k256 with F16 row scales 2 bits plus its
-    codebook (256 x 4 halves) and row scales (one half per output) per weight; a shape a layout cannot take is
-    refused, not aborted on."""
+    codebook (256 x 4 halves) and row scales (one half per output) per weight, v6 k4096 on 64 outputs its codebook
+    and a tail of 4 F16 rows; a shape a layout cannot take is refused, not aborted on."""
     def bits(out):
         return float(out.split(" bits/weight read")[0].split()[-1])
     assert bits(run(["bench-type", "q4_K", 512, 64, 1, 1, 2, 1], "vbmi")) == 4.5
     got = bits(run(["bench", 4, 256, 1, 512, 64, 1, 1, 2, 1, 1], "vbmi"))
     assert got == pytest.approx(2 + (256 * 4 * 16 + 64 * 16) / (512 * 64), abs=5e-4)
-    for bad in (["bench", 6, 4096, 1, 512, 64, 1, 1, 2, 1], ["bench-type", "nonesuch", 512, 64, 1, 1]):
+    got = bits(run(["bench", 6, 4096, 1, 512, 64, 1, 1, 2, 1], "vbmi"))
+    assert got == pytest.approx(2 + (4096 * 6 * 16 + 4 * 512 * 16) / (512 * 64), abs=5e-4)
+    for bad in (["bench", 6, 4096, 1, 512, 4, 1, 1, 2, 1], ["bench-type", "nonesuch", 512, 64, 1, 1]):
         p = subprocess.run([str(harness()), *map(str, bad)], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and p.stdout.startswith("FAIL")
 
