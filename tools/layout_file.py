@@ -30,16 +30,13 @@ def random_tensor(shape: tuple[int, int], cfg: VQConfig, rng: np.random.Generato
         raise ValueError(f"v={cfg.v} does not fit {out_f} output channels, or {in_f} inputs are not whole blocks")
     P = out_f // cfg.v
     book = lambda k: (rng.standard_normal((cfg.groups, k, cfg.v)) * SCALE).astype(np.float16)
-    t = VQTensor(shape=shape, codes=rng.integers(0, cfg.k, (P, in_f), dtype=np.uint32), codebook=book(cfg.k))
+    t = VQTensor(shape=(P * cfg.v, in_f), codes=rng.integers(0, cfg.k, (P, in_f), dtype=np.uint32), codebook=book(cfg.k))
     if cfg.k_res:
         t.res_codes, t.res_codebook = rng.integers(0, cfg.k_res, (P, in_f), dtype=np.uint32), book(cfg.k_res)
     if cfg.row_scale:
-        t.row_scale = np.ones(out_f, np.float16)
+        t.row_scale = np.ones(P * cfg.v, np.float16)
     if cfg.col_norm:
         t.col_norm = np.stack([np.ones(in_f, np.float32), np.zeros(in_f, np.float32)])
-    t.shape = (P * cfg.v, in_f)
-    if t.row_scale is not None:
-        t.row_scale = t.row_scale[:P * cfg.v]
     return t.add_tail(rng.standard_normal((out_f - P * cfg.v, in_f)) * SCALE)
 
 

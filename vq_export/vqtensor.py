@@ -118,10 +118,9 @@ class VQTensor:
         merged = self.codes.astype(np.uint64)
         if self.res_codes is not None:
             merged |= self.res_codes.astype(np.uint64) << np.uint64(self.b1)
-        stream = pack_codes(merged, b).reshape(-1)
         # the tail's out % v rows of the index tensor hold no codes (format.md §3): zeros
-        stream = np.concatenate([stream, np.zeros((out_features - self.P * self.v) * in_features * self.rate_quarters // 32, np.uint8)])
-        stream = stream.reshape(out_features, in_features * self.rate_quarters // 32)
+        row_bytes = in_features * self.rate_quarters // 32
+        stream = np.pad(pack_codes(merged, b).reshape(-1, row_bytes), ((0, out_features - self.P * self.v), (0, 0)))
         tensors = [(weight_name, stream, ggml_vq.gguf_type(self.rate_quarters))]
         sides = {
             "vq_codebook": self.codebook.astype(np.float16),
@@ -180,7 +179,7 @@ class VQTensor:
         b1 = ggml_vq.code_bits(codebook.shape[1])
         b2 = 0 if res_codebook is None else ggml_vq.code_bits(res_codebook.shape[1])
         tail = side("vq_tail")
-        n_tail = out_features % v if v else 0
+        n_tail = out_features % v
         if 4 * (b1 + b2) != n * v or out_features < v:
             raise ValueError(f"{weight_name}: codebooks [{v}, 2^{b1}] (+2^{b2}) do not match type {ggml_vq.type_name(n)} "
                              f"and {out_features} output channels")
