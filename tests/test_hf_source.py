@@ -21,3 +21,19 @@ def test_hf_directory_to_vq_gguf(hf_dir, tiny_src, tmp_path):
         assert m.n_vocab == src.tensors["token_embd.weight"].shape[0]
         text = "".join(m.generate(m.tokenize("Hello"), max_tokens=5, sampler=None))
         assert isinstance(text, str)
+
+
+def test_conversions_of_removed_folders_are_forgotten(hf_dir, tmp_path):
+    """The conversion cache holds one GGUF per Hugging Face folder; once a folder is gone, the next conversion
+    removes its GGUF, so temporary or moved models do not pile up."""
+    import shutil
+    from vq_gguf import source
+    from vq_gguf.native.build import tree_dir
+    cache = tmp_path / "cache"
+    a, b = shutil.copytree(hf_dir, tmp_path / "a"), shutil.copytree(hf_dir, tmp_path / "b")
+    first = source.load(a, llama_tree=tree_dir(), cache_dir=cache).path
+    assert source.load(a, llama_tree=tree_dir(), cache_dir=cache).path == first      # converted once
+    shutil.rmtree(a)
+    second = source.load(b, llama_tree=tree_dir(), cache_dir=cache).path
+    assert not first.exists() and second.exists()
+    assert sorted(p.name for p in cache.iterdir()) == sorted([second.name, second.with_suffix(".source").name])

@@ -263,6 +263,22 @@ def load(path: str | Path, *, llama_tree: Path | None = None, cache_dir: Path | 
         where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]   # two folders of one name differ
         gguf_path = cache_dir / f"{path.resolve().name}-{where}.{outtype}.gguf"
         if not gguf_path.exists() or gguf_path.stat().st_mtime < (path / "config.json").stat().st_mtime:
+            forget_orphans(cache_dir)
             convert_hf(path, llama_tree, gguf_path, outtype)
+            gguf_path.with_suffix(".source").write_text(str(path.resolve()))
         return dataclasses.replace(load_gguf(gguf_path), hf_source=path)
     return load_gguf(path)
+
+
+def forget_orphans(cache_dir: Path) -> None:
+    """Remove the conversions whose Hugging Face folder no longer exists (each `.gguf` has a `.source` note
+    beside it naming its folder): else the cache grows by a model's size for every folder ever converted, a
+    model moved or downloaded again, a test suite's temporary models."""
+    for note in cache_dir.glob("*.source"):
+        try:
+            folder = Path(note.read_text())
+        except FileNotFoundError:   # another process removed it first
+            continue
+        if not folder.is_dir():
+            note.with_suffix(".gguf").unlink(missing_ok=True)
+            note.unlink(missing_ok=True)
