@@ -8,9 +8,12 @@
     python -m vq_gguf.tools.bench --memory-bound 4096 14336 --threads 1   # one token at 8B's shapes vs bandwidth
     python -m vq_gguf.tools.bench --cpu-variant haswell            # llama-bench of the portable build, AVX2 only
     python -m vq_gguf.tools.bench --layout --presets 2bit-shared   # presets' layouts with random codes (speed only)
+    python -m vq_gguf.tools.bench --shape llama3-8b --blocks 2      # a random model of Llama-3-8B's shapes (speed only)
+    python -m vq_gguf.tools.bench --shape llama3-8b --blocks 8 --ngl 99 --presets 2bit 4bit   # the same on a GPU (CUDA build)
 
 Files (made once from the default model and cached in --workdir, default $VQ_GGUF_HOME/bench):
-  float.gguf          the default model, every matrix F16 (vq_export's writer)
+  float.gguf          the default model, every matrix F16 (vq_export's writer); with --shape a synthetic model
+                      of that shape, random F16 weights (tools/synthetic_model.py), in the folder SHAPE-BLOCKS
   F16, Q2_K, IQ2_XXS, Q4_K_M
                       llama-quantize from float.gguf with the token embedding and output tensor Q8_0;
                       IQ2_XXS with an importance matrix (llama-imatrix on the calibration text)
@@ -41,6 +44,7 @@ from pathlib import Path
 
 from vq_gguf.atomic import replacing
 from vq_gguf.calib import DEFAULT_CALIB
+from vq_gguf.tools.shapes import SHAPES
 
 CALIB = DEFAULT_CALIB / "austen-prideprejudice.txt"
 LLAMA_TYPES = ["F16", "Q4_K_M", "Q2_K", "IQ2_XXS"]
@@ -79,6 +83,9 @@ def only_variant(tag: str) -> Path:
 
 
 BENCH_BIN: Path | None = None  # where llama-bench runs from: --cpu-variant's folder, else the native build
+SYNTHETIC: tuple[str, int] | None = None  # --shape and --blocks: the files come from a synthetic model of that shape
+TOKENIZER: Path | None = None             # --tokenizer: the synthetic model's (default: the default model's)
+NGL = 0                                   # --ngl: layers on the GPU in llama-bench and llama-imatrix
 
 
 def tool(name: str) -> Path:
@@ -136,12 +143,18 @@ def wait_idle(limit_s: float, threshold: float = 0.15) -> float:
 # --- files --------------------------------------------------------------------------------------------
 
 def float_file(work: Path) -> Path:
+    """The float model every file is made from: the default model as F16, or with --shape a synthetic model."""
     out = work / "float.gguf"
     if not out.exists():
         from vq_gguf.paths import home
         from vq_gguf import default_model, gguf_writer, source
-        log("writing the default model as F16")
-        gguf_writer.write(out, source.load(default_model.fetch(home())), other_type="f16")
+        if SYNTHETIC:
+            from . import synthetic_model
+            log(f"writing a synthetic {SYNTHETIC[0]} of {SYNTHETIC[1]} blocks (random F16 weights)")
+            synthetic_model.write(*SYNTHETIC, out, TOKENIZER or default_model.fetch(home()))
+        else:
+            log("writing the default model as F16")
+            gguf_writer.write(out, source.load(default_model.fetch(home())), other_type="f16")
     return out
 
 
@@ -149,7 +162,7 @@ def imatrix_file(work: Path, threads: int, chunks: int) -> Path:
     out = work / "imatrix.gguf"
     if not out.exists():
         run([tool("llama-imatrix"), "-m", float_file(work), "-f", CALIB, "-o", out, "-c", 512,
-             "--chunks", chunks, "-t", threads], work / "imatrix.log")
+             "--chunks", chunks, "-t", threads, "-ngl", NGL], work / "imatrix.log")
     return out
 
 
@@ -198,8 +211,7 @@ def vq_residual_file(work: Path, vq_full: Path, k_res: int) -> Path:
         return out
     import numpy as np
     from gguf import GGUFReader
-    from vq_gguf.paths import home
-    from vq_gguf import default_model, gguf_writer, source
+    from vq_gguf import gguf_writer, source
     from vq_gguf.vqtensor import read_vq
     log(f"writing {out.name}: {vq_full.name} with a synthetic residual codebook of {k_res}")
     rng = np.random.default_rng(0)
@@ -210,7 +222,7 @@ def vq_residual_file(work: Path, vq_full: Path, k_res: int) -> Path:
         scale = 0.1 * float(np.abs(q.codebook.astype(np.float32)).mean())
         q.res_codebook = (rng.normal(0, scale, (q.groups, k_res, q.v))).astype(np.float16)
         q.res_codes = rng.integers(0, k_res, q.codes.shape).astype(np.uint32)
-    gguf_writer.write(out, source.load(default_model.fetch(home())), vq=vq, other_type="q8_0")
+    gguf_writer.write(out, source.load(float_file(work)), vq=vq, other_type="q8_0")
     return out
 
 
@@ -220,12 +232,11 @@ def vq_ffn_down_file(work: Path, vq_full: Path) -> Path:
     if out.exists() and out.stat().st_mtime >= vq_full.stat().st_mtime:
         return out
     from gguf import GGUFReader
-    from vq_gguf.paths import home
-    from vq_gguf import default_model, gguf_writer, source
+    from vq_gguf import gguf_writer, source
     from vq_gguf.vqtensor import read_vq
     log(f"writing {out.name}: the ffn_down weights of {vq_full.name}, the rest Q8_0")
     vq = read_vq(GGUFReader(vq_full), lambda n: ".ffn_down." in n)
-    gguf_writer.write(out, source.load(default_model.fetch(home())), vq=vq, other_type="q8_0")
+    gguf_writer.write(out, source.load(float_file(work)), vq=vq, other_type="q8_0")
     return out
 
 
@@ -250,6 +261,20 @@ def bytes_per_token(path: Path) -> tuple[int, dict[str, float]]:
 # --- measurements -------------------------------------------------------------------------------------
 
 def bandwidth(threads: int) -> float:
+    """Memory read bandwidth in GB/s: of the CPU at `threads` (test-vq-matmul), or with --ngl of the GPU (a
+    device-to-device copy of 1 GiB in torch, best of 10, counted as bytes read)."""
+    if NGL:
+        import torch
+        x = torch.empty(2**28, dtype=torch.float32, device="cuda")
+        y = torch.empty_like(x)
+        best = float("inf")
+        for _ in range(10):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            y.copy_(x)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        return x.nbytes / best / 1e9
     out = run([tool("test-vq-matmul"), "bandwidth", 1024, threads, 5])
     return float(out.split()[1])
 
@@ -323,7 +348,7 @@ def memory_bound(threads: int, in_out: tuple[int, int], reps: int = 5) -> str:
 
 
 def llama_bench(files: list[Path], threads: int, reps: int, n_prompt: int, n_gen: int) -> list[dict]:
-    cmd = [tool("llama-bench"), "-t", threads, "-p", n_prompt, "-n", n_gen, "-r", reps, "-o", "json"]
+    cmd = [tool("llama-bench"), "-t", threads, "-p", n_prompt, "-n", n_gen, "-r", reps, "-ngl", NGL, "-o", "json"]
     for f in files:
         cmd += ["-m", f]
     return json.loads(run(cmd))
@@ -356,12 +381,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layout", action="store_true",
                     help="VQ files in the presets' layouts with random codes and codebooks (tools/layout_file.py): the "
                          "same speed as quantized ones, made in seconds, meaningless output")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                    help="make every file from a synthetic model of this real model's shapes, --blocks deep, with random "
+                         "weights (tools/synthetic_model.py), in --workdir's SHAPE-BLOCKS folder; implies --layout")
+    ap.add_argument("--blocks", type=int, default=2, help="depth of --shape's model")
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="a GGUF whose tokenizer --shape's model takes (default: the default model's)")
+    ap.add_argument("--ngl", type=int, default=0,
+                    help="layers on the GPU (llama-bench, llama-imatrix: a CUDA build); the bandwidth is then the GPU's")
     ap.add_argument("--cpu-variant", default=None, metavar="TAG",
                     help="run llama-bench from the portable build (vq-gguf build --portable) with only this CPU variant, "
                          "e.g. haswell: AVX2 for llama.cpp's types and ours (docs/kernels.md)")
     args = ap.parse_args(argv)
-    global BENCH_BIN
+    global BENCH_BIN, SYNTHETIC, TOKENIZER, NGL
     BENCH_BIN = only_variant(args.cpu_variant) if args.cpu_variant else None
+    TOKENIZER, NGL = args.tokenizer, args.ngl
+    if args.shape:
+        SYNTHETIC, args.layout = (args.shape, args.blocks), True
     if args.micro or args.memory_bound:
         busy = wait_idle(args.wait_idle) if args.wait_idle else cpu_busy()
         print(f"test-vq-matmul; load average {load_average()}; CPU busy before {busy:.0%}\n")
@@ -369,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from vq_gguf.paths import home
-    work = args.workdir or home() / "bench"
+    work = (args.workdir or home() / "bench") / (f"{args.shape}-{args.blocks}" if args.shape else "")
     work.mkdir(parents=True, exist_ok=True)
     given = {}
     for item in args.vq:
@@ -442,8 +478,9 @@ def main(argv: list[str] | None = None) -> None:
         })
 
     head = ((f"CPU variant {args.cpu_variant} of the portable build; " if args.cpu_variant else "")
-            + f"llama-bench -t {args.threads} -p {args.n_prompt} -n {args.n_gen} -r {args.reps}, {args.rounds} round(s); "
-            f"memory read bandwidth {bw_gbs:.1f} GB/s ({', '.join(f'{b:.1f}' for b in bw)}); "
+            + (f"synthetic {args.shape}, {args.blocks} blocks, random weights; " if args.shape else "")
+            + f"llama-bench -t {args.threads} -ngl {NGL} -p {args.n_prompt} -n {args.n_gen} -r {args.reps}, {args.rounds} round(s); "
+            f"{'GPU' if NGL else 'memory'} read bandwidth {bw_gbs:.1f} GB/s ({', '.join(f'{b:.1f}' for b in bw)}); "
             f"load average before {load_before}, after {load_after}"
             + (f"; CPU busy before each round (other jobs) {', '.join(f'{b:.0%}' for b in busy)}" if busy else "")
             + f"; {time.time() - t0:.0f} s")

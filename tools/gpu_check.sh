@@ -14,6 +14,10 @@
 #        residual codebook, same geometry and speed), Q2_K, IQ2_XXS and Q4_K_M (quantized there from the VQ file
 #        decoded to F16: their speed does not depend on the values)
 #     4. tuning: tg128 of the VQ files for each GGML_VQ_CUDA_SPLIT (warps per vector row of the one-token kernel)
+#     5. (not in the default steps: GPU_CHECK_STEPS=5, a call of its own on the warm machine) Llama-3-8B's shapes:
+#        `tools/bench.py --shape llama3-8b --blocks $SYN_BLOCKS --ngl 99`, a synthetic model (random weights, written
+#        there), the presets' layouts with random codes, llama.cpp's types quantized from it, llama-bench of each
+#        with the GPU's bandwidth fraction. Presets with a tail (v6, v3 at these widths) stay on the CPU: not run.
 #   Results in $OUT (or .gpu/out): gpu_check.md, gpu_check.log (the console) and logs.tar.gz; the last line says how
 #   many checks passed and failed. A second run on the same machine reuses the build (ninja).
 #
@@ -47,11 +51,24 @@ pack() {
         --exclude='./ggml/src/ggml-et' --exclude='./ggml/src/ggml-cann' --exclude='./ggml/src/ggml-webgpu' \
         --exclude='./ggml/src/ggml-zdnn' . | xz -6 > $PAYLOAD/llama.cpp.tar.xz
     cp "$vq" $PAYLOAD/vq-2bit.gguf
+    python3 -m vq_gguf.tools.synthetic_model --tokenizer-only --out $PAYLOAD/tokenizer.gguf   # step 5's model's
+    gguf_wheel $PAYLOAD
     head -c 120000 "$eval" > $PAYLOAD/eval.txt   # ~28k tokens: more than PPL_CHUNKS x 512
     "$home/build/bin/llama-perplexity" -m $PAYLOAD/vq-2bit.gguf -f $PAYLOAD/eval.txt -c 512 -b 512 --chunks 2 2>&1 |
         grep -o 'Final estimate: PPL = [0-9.]*' | sed 's/^/CPU, 2 chunks: /'   # a broken file would pass the check too
     du -ch $PAYLOAD/* | tail -1
     echo "carry $PAYLOAD to the GPU machine and run: bash tools/gpu_check.sh run"
+}
+
+gguf_wheel() {  # the gguf package as a wheel in folder $1 (the GPU machine has torch and numpy but not gguf)
+    rm -f "$1"/gguf-*.whl
+    python3 -m pip download -q --no-deps -d "$1" "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+}
+
+install_gguf() {  # gguf from the wheel in folder $1 onto PYTHONPATH, unless importable
+    python3 -c "import gguf" 2>/dev/null && return
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$1"/gguf-*.whl || return 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 }
 
 link_package() {  # vq_gguf importable without pip (the GPU machine reaches no index): a tree of links to the checkout,
@@ -69,6 +86,7 @@ run() {
     rm -rf $logs && mkdir -p "$out" $logs
     export VQ_GGUF_HOME=$work
     link_package
+    install_gguf $PAYLOAD || echo "gguf not installed: step 5 will fail"
     local report=$out/gpu_check.md passed=0 failed=0
     exec > >(tee "$out/gpu_check.log") 2>&1
     check() { # check LOG CMD...: runs CMD with its output in LOG, counts and prints PASS or FAIL (with the log's end)
@@ -187,6 +205,14 @@ PY
     cat $logs/split.md
     fi
 
+    if want 5; then
+    step "5. Llama-3-8B's shapes, ${SYN_BLOCKS:-8} blocks of random weights: llama-bench, all layers on the GPU"
+    check $logs/bench-8b.log python3 -m vq_gguf.tools.bench --shape llama3-8b --blocks "${SYN_BLOCKS:-8}" --ngl 99 \
+        --tokenizer $PAYLOAD/tokenizer.gguf --threads "$(nproc)" --presets 2bit 3bit-shared 4bit \
+        --llama-types IQ2_XXS Q2_K IQ4_XS Q4_K_M --no-ffn-down --imatrix-chunks 4 --reps 3 --md $logs/bench-8b.md
+    cat $logs/bench-8b.md 2>/dev/null
+    fi
+
     {
         echo "# GPU check $(date -u '+%F %T') UTC"
         echo
@@ -203,6 +229,8 @@ PY
         tail -1 $logs/kernels-file.log
         echo
         cat $logs/split.md 2>/dev/null
+        echo
+        cat $logs/bench-8b.md 2>/dev/null
     } > "$report"
     tar -czf "$out/logs.tar.gz" -C $work logs
     echo "$passed passed, $failed failed"
@@ -213,7 +241,7 @@ pack_finetune() {
     local teacher=${1:?teacher .npz of vq-gguf teacher}
     mkdir -p .gpu-ft && rm -f .gpu-ft/*
     cp "$teacher" .gpu-ft/teacher.npz
-    python3 -m pip download -q --no-deps -d .gpu-ft "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+    gguf_wheel .gpu-ft
     du -ch .gpu-ft/* | tail -1
 }
 
@@ -229,9 +257,9 @@ finetune() {
     local out=${OUT:-.gpu-ft/out} deadline=$((SECONDS + ${FT_WAIT:-480}))
     mkdir -p "$out"
     [ -f $PAYLOAD/vq-2bit.gguf ] || { echo "no $PAYLOAD/vq-2bit.gguf: call 1 (start) did not run on this machine"; exit 1; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-ft/gguf-*.whl || exit 1
     link_package
-    export PYTHONPATH=/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
+    install_gguf .gpu-ft || exit 1
+    export PYTHONUNBUFFERED=1
     local pids=() lr steps
     while read -r lr steps; do
         timeout "${FT_SECONDS:-360}" python3 -c "from vq_gguf.cli import main; main()" finetune $PAYLOAD/vq-2bit.gguf \

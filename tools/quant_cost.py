@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from vq_gguf.paths import home
+from vq_gguf.tools.shapes import SHAPES, block_linears
 
 SMOL_WIDTH, SMOL_FFN, SMOL_HEADS, SMOL_KV = 576, 1536, 9, 3
 
@@ -77,19 +78,7 @@ def synthetic_llama(out: Path, tokenizer_gguf: Path, hidden: int, ffn: int, head
     return out
 
 
-# block shapes of real models: hidden width, FFN width, query heads, KV heads, blocks
-SHAPES = {"smollm2-135m": (576, 1536, 9, 3, 30), "llama3-8b": (4096, 14336, 32, 8, 32),
-          "llama3-70b": (8192, 28672, 64, 8, 80)}
 BATCH_TOKENS = 4096    # tokens per Hessian product: hessian.collect's 8 windows of 512
-
-
-def block_linears(shape: str) -> dict[str, tuple[int, int]]:
-    """{kind: (out, in)} of one block of model `shape`."""
-    hidden, ffn, heads, kv, _ = SHAPES[shape]
-    head = hidden // heads
-    return {"attn_q": (heads * head, hidden), "attn_k": (kv * head, hidden), "attn_v": (kv * head, hidden),
-            "attn_output": (hidden, heads * head), "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden),
-            "ffn_down": (hidden, ffn)}
 
 
 def one_linear(out_features: int, in_features: int, preset_name: str, kind: str, n_blocks: int) -> dict:
@@ -125,7 +114,7 @@ def products(shape: str, tokens: int) -> dict:
     forward pass's linear products, from a timed 4096-token batch of each."""
     import torch
     from vq_gguf.hessian import INPUT_OF
-    linears = block_linears(shape)
+    linears = block_linears(SHAPES[shape])
     batches = tokens / BATCH_TOKENS
     hessian = forward = 0.0
     for name in sorted({INPUT_OF[k] for k in linears}):
@@ -146,9 +135,9 @@ def measure_shape(shape: str, preset_name: str) -> dict:
     """A block of model `shape` under the preset: each distinct linear in its own process, then the products."""
     from vq_gguf.presets import PRESETS
     preset = PRESETS[preset_name]
-    n_blocks = SHAPES[shape][4]
+    n_blocks = SHAPES[shape].blocks
     units: dict[tuple, list[str]] = {}
-    for kind, (o, i) in block_linears(shape).items():
+    for kind, (o, i) in block_linears(SHAPES[shape]).items():
         cfg = preset.config_for(f"blk.{n_blocks // 2}.{kind}.weight", n_blocks)
         units.setdefault((o, i, cfg, kind in preset.share), []).append(kind)
     rows = []
@@ -164,7 +153,7 @@ def measure_shape(shape: str, preset_name: str) -> dict:
     prod = products(shape, tokens)
     linear_s = sum(r["seconds"] * len(r["kinds"]) for r in rows)
     block_s = linear_s + prod["hessian_s"] + 2 * prod["forward_s"]
-    weights = sum(o * i for o, i in block_linears(shape).values())
+    weights = sum(o * i for o, i in block_linears(SHAPES[shape]).values())
     return {"shape": shape, "preset": preset_name, "tokens": tokens, "linears": rows, **prod,
             "linear_s": linear_s, "block_s": block_s, "blocks": n_blocks, "model_h": block_s * n_blocks / 3600,
             "block_weights": weights, "peak_rss_gib": max(r["peak_rss_gib"] for r in rows),
@@ -217,8 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     default = fetch(home())
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.whole:
-        hidden, ffn, heads, kv, _ = SHAPES[args.whole]
-        model = synthetic_llama(args.workdir / f"{args.whole}-{args.blocks}", default, hidden, ffn, heads, kv,
+        s = SHAPES[args.whole]
+        model = synthetic_llama(args.workdir / f"{args.whole}-{args.blocks}", default, s.hidden, s.ffn, s.heads, s.kv,
                                 args.blocks, tied=False)
         with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
             r = quantize(model, args.preset, Path(tmp) / "whole.gguf")

@@ -115,8 +115,8 @@ class SourceModel:
         return [name for name in self.tensors if is_linear(name)]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        t = self.tensors
-        return t.shape(name) if isinstance(t, TensorFile) else t[name].shape
+        t = self.tensors   # a mapping that makes its tensors when asked (a TensorFile) says their shapes first
+        return t.shape(name) if hasattr(t, "shape") else t[name].shape
 
     def replacing(self, tensors: Mapping[str, np.ndarray]) -> "SourceModel":
         """This model with `tensors` in place of its own (tuned norms, say), the others read as before."""
