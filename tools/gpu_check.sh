@@ -206,8 +206,8 @@ PY
     fi
 
     if want 5; then
-    step "5. Llama-3-8B's shapes, ${SYN_BLOCKS:-8} blocks of random weights: llama-bench, all layers on the GPU"
-    check $logs/bench-8b.log python3 -m vq_gguf.tools.bench --shape llama3-8b --blocks "${SYN_BLOCKS:-8}" --ngl 99 \
+    step "5. Llama-3-8B's shapes, ${SYN_BLOCKS:-4} blocks of random weights: llama-bench, all layers on the GPU"
+    check $logs/bench-8b.log python3 -m vq_gguf.tools.bench --shape llama3-8b --blocks "${SYN_BLOCKS:-4}" --ngl 99 \
         --tokenizer $PAYLOAD/tokenizer.gguf --threads "$(nproc)" --presets 2bit 3bit-shared 4bit \
         --llama-types IQ2_XXS Q2_K IQ4_XS Q4_K_M --no-ffn-down --imatrix-chunks 4 --reps 3 --md $logs/bench-8b.md
     cat $logs/bench-8b.md 2>/dev/null
