@@ -261,8 +261,8 @@ def bytes_per_token(path: Path) -> tuple[int, dict[str, float]]:
 # --- measurements -------------------------------------------------------------------------------------
 
 def bandwidth(threads: int) -> float:
-    """Memory read bandwidth in GB/s: of the CPU at `threads` (test-vq-matmul), or with --ngl of the GPU (a
-    device-to-device copy of 1 GiB in torch, best of 10, counted as bytes read)."""
+    """Memory bandwidth in GB/s: the CPU's for reading at `threads` (test-vq-matmul), or with --ngl the GPU's (a
+    device-to-device copy of 1 GiB in torch, best of 10: bytes read and written, both of which the memory moves)."""
     if NGL:
         import torch
         x = torch.empty(2**28, dtype=torch.float32, device="cuda")
@@ -274,7 +274,7 @@ def bandwidth(threads: int) -> float:
             y.copy_(x)
             torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t)
-        return x.nbytes / best / 1e9
+        return 2 * x.nbytes / best / 1e9
     out = run([tool("test-vq-matmul"), "bandwidth", 1024, threads, 5])
     return float(out.split()[1])
 
