@@ -8,7 +8,7 @@ layouts of `tools/layout_file.py`). Its output is meaningless.
 The shape's widths, heads, vocabulary and rope base (`tools/shapes.py`), `--blocks` deep, untied output head. The
 tokenizer is SmolLM2's (the default model's, or `--tokenizer GGUF`), padded with unused tokens up to the shape's
 vocabulary as llama.cpp's converter pads one: text tokenizes as it would for SmolLM2, and every matrix has the real
-model's size. Weights are N(0, 0.02) from a seed per tensor, norms are ones.
+model's size. Weights are N(0, 0.02) from a seed per tensor (torch's sampler), norms are ones.
 """
 from __future__ import annotations
 
@@ -52,10 +52,9 @@ class RandomTensors(Mapping[str, np.ndarray]):
         shape = self.shapes[name]
         if len(shape) == 1:
             return np.ones(shape, np.float32)
-        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-        out = rng.standard_normal(shape, dtype=np.float32)
-        out *= STD
-        return out
+        import torch   # its normal sampler is several times numpy's speed: a 8B model's head is 525 M values
+        gen = torch.Generator().manual_seed(self.seed << 32 | zlib.crc32(name.encode()))
+        return (torch.randn(shape, generator=gen) * STD).numpy()
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]
