@@ -1,5 +1,5 @@
 """A llama GGUF with a real model's shapes and random F16 weights, written without the model: for speed, which
-depends on the shapes and the types and not on the values (`tools/bench.py --model`, llama-quantize, the preset
+depends on the shapes and the types and not on the values (`tools/bench.py --shape`, llama-quantize, the preset
 layouts of `tools/layout_file.py`). Its output is meaningless.
 
     python -m vq_gguf.tools.synthetic_model llama3-8b --blocks 4 --out llama3-8b-4.gguf
@@ -75,9 +75,7 @@ def metadata(name: str, s: Shape, blocks: int, tokenizer: Path) -> list[KV]:
            KV("llama.attention.head_count", s.heads, u32), KV("llama.attention.head_count_kv", s.kv, u32),
            KV("llama.rope.freq_base", s.rope_base, f32), KV("llama.attention.layer_norm_rms_epsilon", 1e-5, f32),
            KV("llama.vocab_size", s.vocab, u32), KV("llama.rope.dimension_count", s.hidden // s.heads, u32)]
-    for kv in read_metadata(GGUFReader(tokenizer)):
-        if not kv.key.startswith("tokenizer."):
-            continue
+    for kv in tokenizer_keys(tokenizer):
         if kv.key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
             n = len(kv.value)
             if n > s.vocab:
@@ -91,21 +89,14 @@ def metadata(name: str, s: Shape, blocks: int, tokenizer: Path) -> list[KV]:
     return kvs
 
 
+def tokenizer_keys(path: Path) -> list[KV]:
+    return [kv for kv in read_metadata(GGUFReader(path)) if kv.key.startswith("tokenizer.")]
+
+
 def write_tokenizer(src: Path, out: Path) -> Path:
     """The tokenizer keys of the GGUF `src` in a GGUF without tensors (a few MB): what `--tokenizer` needs on a
     machine without the default model (tools/gpu_check.sh carries it)."""
-    from gguf import GGUFWriter
-    from vq_gguf.atomic import replacing
-    with replacing(out, ".gguf") as tmp:
-        w = GGUFWriter(tmp, "llama")
-        for kv in read_metadata(GGUFReader(src)):
-            if kv.key.startswith("tokenizer."):
-                w.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-    return out
+    return gguf_writer.write(out, SourceModel(path=out, arch="llama", metadata=tokenizer_keys(src), tensors={}))
 
 
 def write(name: str, blocks: int, out: Path, tokenizer: Path, seed: int = 0) -> Path:
