@@ -115,6 +115,17 @@ def test_source_errors(tmp_path):
             source.load(tmp_path / f"{arch}.gguf")
 
 
+@pytest.mark.parametrize("device, says", [("mps", "runs on cpu or cuda"), ("gpu0", "unknown device 'gpu0'"),
+                                          ("cuda:64", "torch sees")])
+def test_quantize_device_refused_before_any_work(src, tmp_path, device, says):
+    """A device the quantizer cannot use is refused at once, with the reason, before the source is read."""
+    from vq_gguf.quantize import quantize_model
+    from vq_gguf.presets import PRESETS
+    with pytest.raises(ValueError, match=says):
+        quantize_model(src, tmp_path / "out.gguf", PRESETS["2bit"], device=device)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_model_without_tokenizer(tmp_path):
     with Model(tiny_model.write(tmp_path / "no-vocab.gguf", vocab=False), n_ctx=32) as m:
         assert m.logits([0, 1, 31]).shape == (3, tiny_model.N_VOCAB)

@@ -243,3 +243,31 @@ def test_the_index_tensor_of_a_tail_holds_zeros_past_the_codes():
     assert [n for n, _, _ in sides] == ["blk.0.attn_k.vq_codebook", "blk.0.attn_k.vq_tail"]
     with pytest.raises(ValueError, match="outliers"):
         VPTQ(W, H, VQConfig(v=4, k=16, outlier_frac=0.05))
+
+
+def same_tensor(a, b) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in
+               ("codes", "res_codes", "codebook", "res_codebook", "col_norm", "row_scale", "outlier_cols",
+                "outlier_idx", "outlier_codebook", "tail"))
+
+
+def test_every_tensor_on_the_chosen_device():
+    """VPTQ names the device of every tensor it makes (a GPU run must not meet a CPU tensor): with torch's default
+    device set to meta, any tensor made without a device is a meta tensor and fails the first op beside a real one.
+    Run so on the CPU, every feature and the shared codebook give the same tensors as a plain run."""
+    gen = torch.Generator().manual_seed(1)
+    cases = [(layer(seed=30), VQConfig(v=4, k=16, k_res=8, outlier_frac=0.05, v0=2, k0=8, col_norm=True, groups=2)),
+             (layer(out_features=66, seed=31), VQConfig(v=4, k=16, row_scale=True, act_order=False))]   # 2 tail rows
+    g = [torch.rand(len(W), generator=gen) + 0.5 for (W, _), _ in cases]
+    shared_cfg = VQConfig(v=4, k=16, row_scale=True)
+    layers = [layer(seed=32), layer(seed=33)]
+
+    def run():
+        ts = [VPTQ(W, H, cfg, channel_weight=gi, device="cpu").quantize() for ((W, H), cfg), gi in zip(cases, g)]
+        C = shared_codebook([lambda W=W, H=H: VPTQ(W, H, shared_cfg, device="cpu") for W, H in layers], shared_cfg)
+        return ts + [VPTQ(*layers[0], shared_cfg, codebook=C, device="cpu").quantize()]
+
+    plain = run()
+    with torch.device("meta"):
+        placed = run()
+    assert all(same_tensor(a, b) for a, b in zip(plain, placed))

@@ -18,6 +18,10 @@
 #        `tools/bench.py --shape llama3-8b --blocks $SYN_BLOCKS --ngl 99`, a synthetic model (random weights, written
 #        there), the presets' layouts with random codes, llama.cpp's types quantized from it, llama-bench of each
 #        with the GPU's bandwidth fraction. Presets with a tail (v6, v3 at these widths) stay on the CPU: not run.
+#     6. (not in the default steps: GPU_CHECK_STEPS=6, a call of its own) the quantizer on the GPU: `tools/quant_cost.py
+#        --shapes llama3-8b --device cuda` (one Llama-3-8B block's cost at the 2bit preset: each linear by VPTQ,
+#        the Hessian and forward products; GPU peak memory) and `--agree cuda` (one weight on the CPU with two
+#        seeds and on the GPU: relative proxy losses and the codes in common)
 #   Results in $OUT (or .gpu/out): gpu_check.md, gpu_check.log (the console) and logs.tar.gz; the last line says how
 #   many checks passed and failed. A second run on the same machine reuses the build (ninja).
 #
@@ -213,6 +217,14 @@ PY
     cat $logs/bench-8b.md 2>/dev/null
     fi
 
+    if want 6; then
+    step "6. the quantizer on the GPU: a Llama-3-8B block at the 2bit preset, and one weight against the CPU"
+    check $logs/quant-cost.log python3 -m vq_gguf.tools.quant_cost --shapes llama3-8b --preset 2bit --device cuda
+    check $logs/quant-agree.log python3 -m vq_gguf.tools.quant_cost --agree cuda --preset 2bit
+    { sed -n '/^| shape/,$p' $logs/quant-cost.log; echo; sed -n '/^| run/,$p' $logs/quant-agree.log; } > $logs/quant.md
+    cat $logs/quant.md
+    fi
+
     {
         echo "# GPU check $(date -u '+%F %T') UTC"
         echo
@@ -231,6 +243,8 @@ PY
         cat $logs/split.md 2>/dev/null
         echo
         cat $logs/bench-8b.md 2>/dev/null
+        echo
+        cat $logs/quant.md 2>/dev/null
     } > "$report"
     tar -czf "$out/logs.tar.gz" -C $work logs
     echo "$passed passed, $failed failed"

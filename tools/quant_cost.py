@@ -24,6 +24,13 @@ A kind the preset shares is assigned to a random fixed codebook: the shared k-me
 
     python -m vq_gguf.tools.quant_cost --whole llama3-8b --blocks 1 --preset 2bit
 
+`--device cuda` runs `--shapes` (VPTQ and the products) on a GPU, and adds its peak memory there.
+
+    python -m vq_gguf.tools.quant_cost --agree cuda --preset 2bit
+
+`--agree DEVICE` quantizes one random weight on the CPU with seeds 0 and 1 and on DEVICE with seed 0: the two
+seeds' proxy losses are the run spread the device's must stay within (docs/quantizer.md, "Devices").
+
 `--whole` runs the whole command (agreement check, Hessians, every linear, the file) on a random llama of a
 real model's block shapes, a few blocks deep, with SmolLM2's tokenizer: the peak memory of a real run, which
 does not grow with depth.
@@ -81,57 +88,94 @@ def synthetic_llama(out: Path, tokenizer_gguf: Path, hidden: int, ffn: int, head
 BATCH_TOKENS = 4096    # tokens per Hessian product: hessian.collect's 8 windows of 512
 
 
-def one_linear(out_features: int, in_features: int, preset_name: str, kind: str, n_blocks: int) -> dict:
-    """VPTQ of one random [out, in] weight with the preset's settings for a middle block's `kind`: seconds and
-    this process's peak memory."""
+def random_linear(out_features: int, in_features: int):
+    """A random weight [out, in] and the Hessian of random activations, the same on every machine."""
     import torch
-    from vq_gguf.hessian import INPUT_OF
-    from vq_gguf.presets import PRESETS
-    from vq_gguf.quantize import peak_memory_gib
-    from vq_gguf.vptq import VPTQ
-    preset = PRESETS[preset_name]
-    cfg = preset.config_for(f"blk.{n_blocks // 2}.{kind}.weight", n_blocks)
     gen = torch.Generator().manual_seed(0)
     W = torch.randn(out_features, in_features, generator=gen) * 0.02
     # activations of a real residual stream are far from white: a few strong channels, a decaying spectrum
     scale = torch.rand(in_features, generator=gen).pow(4) * 4 + 0.1
     X = torch.randn(max(BATCH_TOKENS, in_features + 512), in_features, generator=gen) * scale   # H of full rank
-    H = (X.T @ X).double()
-    del X
+    return W, (X.T @ X).double(), gen
+
+
+def one_linear(out_features: int, in_features: int, preset_name: str, kind: str, n_blocks: int,
+               device: str = "cpu") -> dict:
+    """VPTQ of one random [out, in] weight with the preset's settings for a middle block's `kind`, on `device`:
+    seconds and this process's peak memory (and the GPU's)."""
+    import torch
+    from vq_gguf.hessian import INPUT_OF
+    from vq_gguf.presets import PRESETS
+    from vq_gguf.quantize import gpu_peak_gib, peak_memory_gib
+    from vq_gguf.vptq import VPTQ
+    preset = PRESETS[preset_name]
+    cfg = preset.config_for(f"blk.{n_blocks // 2}.{kind}.weight", n_blocks)
+    W, H, gen = random_linear(out_features, in_features)
     book = None
     if kind in preset.share:
         book = torch.randn(1, cfg.k, cfg.v, generator=gen).half().float() * 0.02
     start = time.time()
-    VPTQ(W, H, cfg, codebook=book).quantize()
+    VPTQ(W, H, cfg, codebook=book, device=device).quantize()   # the codes come back to the CPU: synchronised
     seconds = time.time() - start
     return {"kind": kind, "shape": [out_features, in_features], "input": INPUT_OF[kind], "seconds": seconds,
-            "peak_rss_gib": peak_memory_gib(),
+            "peak_rss_gib": peak_memory_gib(), "peak_gpu_gib": gpu_peak_gib(device),
             "config": f"v{cfg.v} k{cfg.k}" + (f" k_res{cfg.k_res}" if cfg.k_res else "") + (" shared" if book is not None else "")}
 
 
-def products(shape: str, tokens: int) -> dict:
+def agree(out_features: int, in_features: int, preset_name: str, device: str) -> dict:
+    """One random weight quantized with the preset's settings for an ffn_up on the CPU with seeds 0 and 1 and on
+    `device` with seed 0: relative proxy loss tr(ΔW H ΔWᵀ) / tr(W H Wᵀ) of each, and the share of the device
+    run's codes equal to the CPU run's."""
+    import dataclasses
+    import numpy as np
+    import torch
+    from vq_gguf.presets import PRESETS
+    from vq_gguf.reference import dequantize
+    from vq_gguf.vptq import VPTQ, proxy_loss
+    cfg = PRESETS[preset_name].config_for("blk.1.ffn_up.weight", 3)
+    W, H, _ = random_linear(out_features, in_features)
+    runs = {}
+    for label, dev, seed in (("cpu, seed 0", "cpu", 0), ("cpu, seed 1", "cpu", 1), (f"device {device}, seed 0", device, 0)):
+        start = time.time()
+        t = VPTQ(W, H, dataclasses.replace(cfg, seed=seed), device=dev).quantize()
+        runs[label] = (t, time.time() - start)
+    whole = proxy_loss(W, torch.zeros_like(W), H)
+    (cpu, _), (dev_t, _) = runs["cpu, seed 0"], runs[f"device {device}, seed 0"]
+    return {"shape": [out_features, in_features], "preset": preset_name, "device": device,
+            "rel_loss": {k: proxy_loss(W, torch.from_numpy(dequantize(t)), H) / whole for k, (t, _) in runs.items()},
+            "seconds": {k: s for k, (_, s) in runs.items()},
+            "codes_equal": float(np.mean(cpu.codes == dev_t.codes))}
+
+
+def products(shape: str, tokens: int, device: str = "cpu") -> dict:
     """Seconds of one block's Hessian products (XᵀX of each distinct linear input, over `tokens`) and of one
-    forward pass's linear products, from a timed 4096-token batch of each."""
+    forward pass's linear products, from a timed 4096-token batch of each (after one untimed, on a GPU)."""
     import torch
     from vq_gguf.hessian import INPUT_OF
     linears = block_linears(SHAPES[shape])
     batches = tokens / BATCH_TOKENS
+
+    def timed(f) -> float:
+        gpu = torch.device(device).type == "cuda"
+        for _ in range(2 if gpu else 1):   # on a GPU the first call loads the library's kernels: timed is the second
+            start = time.time()
+            f()
+            if gpu:
+                torch.cuda.synchronize(device)
+        return time.time() - start
+
     hessian = forward = 0.0
     for name in sorted({INPUT_OF[k] for k in linears}):
         n = next(linears[k][1] for k in linears if INPUT_OF[k] == name)
-        X = torch.randn(BATCH_TOKENS, n)
-        start = time.time()
-        (X.T @ X).to(torch.float64)
-        hessian += (time.time() - start) * batches
+        X = torch.randn(BATCH_TOKENS, n, device=device)
+        hessian += timed(lambda: (X.T @ X).to(torch.float64)) * batches
     for out_features, in_features in linears.values():
-        X, W = torch.randn(BATCH_TOKENS, in_features), torch.randn(out_features, in_features)
-        start = time.time()
-        X @ W.T
-        forward += (time.time() - start) * batches
+        X, W = torch.randn(BATCH_TOKENS, in_features, device=device), torch.randn(out_features, in_features, device=device)
+        forward += timed(lambda: X @ W.T) * batches
     return {"hessian_s": hessian, "forward_s": forward}
 
 
-def measure_shape(shape: str, preset_name: str) -> dict:
+def measure_shape(shape: str, preset_name: str, device: str = "cpu") -> dict:
     """A block of model `shape` under the preset: each distinct linear in its own process, then the products."""
     from vq_gguf.presets import PRESETS
     preset = PRESETS[preset_name]
@@ -143,28 +187,30 @@ def measure_shape(shape: str, preset_name: str) -> dict:
     rows = []
     for (o, i, _, _), kinds in units.items():
         cmd = [sys.executable, "-m", "vq_gguf.tools.quant_cost", "--one-linear", str(o), str(i), kinds[0],
-               str(n_blocks), "--preset", preset_name]
+               str(n_blocks), "--preset", preset_name, "--device", device]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
         r["kinds"] = kinds
         rows.append(r)
-        print(f"[cost] {shape} {'/'.join(kinds)} {o}x{i} {r['config']}: {r['seconds']:.1f} s, "
-              f"peak {r['peak_rss_gib']:.2f} GiB", flush=True)
+        gpu = f", GPU peak {r['peak_gpu_gib']:.2f} GiB" if r["peak_gpu_gib"] is not None else ""
+        print(f"[cost] {shape} {'/'.join(kinds)} {o}x{i} {r['config']} on {device}: {r['seconds']:.1f} s, "
+              f"peak {r['peak_rss_gib']:.2f} GiB{gpu}", flush=True)
     tokens = (preset.n_calib + preset.n_heldout) * preset.seq_len
-    prod = products(shape, tokens)
+    prod = products(shape, tokens, device)
     linear_s = sum(r["seconds"] * len(r["kinds"]) for r in rows)
     block_s = linear_s + prod["hessian_s"] + 2 * prod["forward_s"]
     weights = sum(o * i for o, i in block_linears(SHAPES[shape]).values())
     return {"shape": shape, "preset": preset_name, "tokens": tokens, "linears": rows, **prod,
             "linear_s": linear_s, "block_s": block_s, "blocks": n_blocks, "model_h": block_s * n_blocks / 3600,
             "block_weights": weights, "peak_rss_gib": max(r["peak_rss_gib"] for r in rows),
+            "peak_gpu_gib": max((r["peak_gpu_gib"] or 0) for r in rows), "device": device,
             "load_before": os.getloadavg()[0]}
 
 
 def shape_row(r: dict) -> str:
-    return (f"| {r['shape']} | {r['preset']} | {r['block_weights'] / 1e6:.0f} M | {r['linear_s']:.0f} | "
+    return (f"| {r['shape']} | {r['preset']} | {r['device']} | {r['block_weights'] / 1e6:.0f} M | {r['linear_s']:.0f} | "
             f"{r['hessian_s']:.0f} | {2 * r['forward_s']:.0f} | {r['block_s']:.0f} | "
-            f"{r['block_s'] / (r['block_weights'] / 1e6):.1f} | {r['peak_rss_gib']:.2f} | {r['blocks']} | "
-            f"{r['model_h']:.1f} | {r['load_before']:.1f} |")
+            f"{r['block_s'] / (r['block_weights'] / 1e6):.2f} | {r['peak_rss_gib']:.2f} | {r['peak_gpu_gib']:.2f} | "
+            f"{r['blocks']} | {r['model_h']:.2f} | {r['load_before']:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,23 +228,38 @@ def main(argv: list[str] | None = None) -> None:
                     help="instead: the whole quantize command on a random llama of this shape (untied head, "
                          "SmolLM2's tokenizer), --blocks deep: its time and peak memory")
     ap.add_argument("--blocks", type=int, default=1, help="depth of --whole's model")
+    ap.add_argument("--device", default="cpu", help="torch device of --shapes (cpu, cuda, cuda:1)")
+    ap.add_argument("--agree", metavar="DEVICE", default=None,
+                    help="instead: one random weight (--agree-shape) on the CPU (seeds 0 and 1) and on DEVICE (seed 0)")
+    ap.add_argument("--agree-shape", nargs=2, type=int, default=[1024, 2048], metavar=("OUT", "IN"))
     ap.add_argument("--one-linear", nargs=4, metavar=("OUT", "IN", "KIND", "BLOCKS"), default=None,
                     help=argparse.SUPPRESS)   # one process of --shapes
     args = ap.parse_args(argv)
 
     if args.one_linear:
         o, i, kind, n_blocks = args.one_linear
-        print(json.dumps(one_linear(int(o), int(i), args.preset, kind, int(n_blocks))))
+        print(json.dumps(one_linear(int(o), int(i), args.preset, kind, int(n_blocks), args.device)))
+        return
+    if args.agree:
+        r = agree(*args.agree_shape, args.preset, args.agree)
+        print(json.dumps(r, indent=1))
+        print("\n| run | relative proxy loss | seconds |\n| --- | ---: | ---: |")
+        print("\n".join(f"| {k} | {v:.5f} | {r['seconds'][k]:.1f} |" for k, v in r["rel_loss"].items()))
+        print(f"\n{r['codes_equal']:.1%} of the codes equal between the CPU and {args.agree} runs of seed 0")
+        if args.json:
+            args.json.write_text(json.dumps(r, indent=1))
         return
     if args.shapes:
+        from vq_gguf.quantize import check_device
+        check_device(args.device)
         rows = []
         for shape in args.shapes:
-            rows.append(measure_shape(shape, args.preset))
+            rows.append(measure_shape(shape, args.preset, args.device))
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
-        print("\n| shape | preset | weights per block | linears s | Hessians s | forward s | block s | s per M weights "
-              "| peak GiB | blocks | model h | load before |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| shape | preset | device | weights per block | linears s | Hessians s | forward s | block s | "
+              "s per M weights | peak GiB | GPU peak GiB | blocks | model h | load before |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         print("\n".join(shape_row(r) for r in rows))
         return
 

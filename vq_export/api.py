@@ -21,10 +21,11 @@ def build(server: bool = False) -> Path:
 
 def quantize(model: str | os.PathLike = "default", out: str | os.PathLike | None = None, preset: str = "4bit", *,
              calib: list[str | os.PathLike] | None = None, seed: int = 0, other_type: str = "q8_0",
-             only: list[str] | None = None) -> Path:
+             only: list[str] | None = None, device: str | None = None) -> Path:
     """Quantize `model` ("default", a GGUF file or a Hugging Face folder) with a preset of `vq-gguf quantize`
     (docs/quantizer.md) and write `out` (default: <preset>.vq.gguf here); returns the path. Builds llama.cpp
-    first when needed (its tokenizer reads the calibration text). Resumes an interrupted run of the same inputs."""
+    first when needed (its tokenizer reads the calibration text). Resumes an interrupted run of the same inputs.
+    `device`: where the arithmetic runs (default: a GPU that torch sees, else the CPU)."""
     from .presets import PRESETS
     from .quantize import quantize_model
     from .source import load_model
@@ -33,7 +34,7 @@ def quantize(model: str | os.PathLike = "default", out: str | os.PathLike | None
     build()
     out = Path(out) if out is not None else Path(f"{preset}.vq.gguf")
     return quantize_model(load_model(model), out, PRESETS[preset], seed=seed, other_type=other_type,
-                          only=only, calib=calib)
+                          only=only, calib=calib, device=device)
 
 
 def load(path: str | os.PathLike, **options):

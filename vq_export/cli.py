@@ -86,7 +86,7 @@ def cmd_quantize(args) -> Path:
     model = load_model(args.model)
     out = Path(args.out) if args.out else default_out(preset.name)
     path = quantize_model(model, out, preset, seed=args.quant_seed, other_type=args.other_type, only=args.only,
-                          calib=args.calib)
+                          calib=args.calib, device=args.device)
     if ranks().main:   # under torchrun, the others end before rank 0 has written the file
         print(describe(path))
     return path
@@ -124,11 +124,11 @@ def cmd_teacher(args) -> None:
 
 def cmd_finetune(args) -> None:
     from .finetune import finetune_file
-    from .quantize import default_device
+    from .quantize import check_device, default_device
 
     out = Path(args.out) if args.out else Path(args.file).with_suffix(".ft.gguf")
     path = finetune_file(Path(args.file), Path(args.teacher), out, steps=args.steps, lr=args.lr, batch=args.batch,
-                         device=args.device or default_device(), checkpoint=args.checkpoint, seed=args.seed,
+                         device=check_device(args.device or default_device()), checkpoint=args.checkpoint, seed=args.seed,
                          eval_every=args.eval_every, row_scales=args.row_scales)
     print(describe(path))
 
@@ -363,6 +363,9 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-windows", type=int, default=None, help="calibration windows of 512 tokens (default: the preset's)")
     p.add_argument("--finetune-steps", type=int, default=None,
                    help="end-to-end fine-tuning steps of codebooks and norms against the float model (default: the preset's)")
+    p.add_argument("--device", default=None,
+                   help="torch device of the calibration, VPTQ and fine-tuning, e.g. cpu, cuda, cuda:1 (default: cuda "
+                        "when torch sees a GPU, under torchrun cuda:LOCAL_RANK; else cpu)")
 
 
 def _version() -> str:

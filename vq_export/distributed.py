@@ -7,7 +7,9 @@ before the next block's Hessians, rank 0 writes the file from all of them. So th
 folder for all ranks (on several machines, a shared filesystem), and a rank that dies loses only the weight
 it was working on: torchrun restarts the job, which resumes from the parts. Shared codebooks combine the
 refit rounds' per-weight sums (vptq.shared_codebook) through `gather`, in weight order, so the codebook has
-the same bits at every world size. The arithmetic runs on the CPU, hence gloo.
+the same bits at every world size. Each rank computes on its own device (quantize.default_device: one GPU
+per rank where there are GPUs); what the ranks exchange is small and travels as CPU tensors, hence gloo for
+CPUs and GPUs alike.
 """
 from __future__ import annotations
 

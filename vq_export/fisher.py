@@ -41,7 +41,7 @@ def channel_fisher(model: Model, tokens: torch.Tensor, names: list[str]) -> dict
         for s in range(len(tokens)):
             t = tokens[s : s + 1]
             logits = model.logits_of(model.final_hidden_of(model.embed(t).requires_grad_()))
-            F.cross_entropy(logits[0, :-1], t[0, 1:], reduction="sum").backward()
+            F.cross_entropy(logits[0, :-1], t[0, 1:].to(logits.device), reduction="sum").backward()
             done = s + 1
             eta = (time.time() - start) / done * (len(tokens) - done)
             print(f"\r[fisher] window {done}/{len(tokens)}, ETA {eta:.0f} s", end="", flush=True)

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import resource
 import shutil
 import time
@@ -143,6 +144,7 @@ class Run:
     seed: int = 0
     other_type: str = "q8_0"
     ranks: Ranks = field(default_factory=Ranks)     # the processes sharing the work (distributed.py)
+    device: str = "cpu"                             # where the calibration and VPTQ's arithmetic run
 
     def mine(self, names: list[str]) -> list[str]:
         """The weights of `names` this process quantizes. A weight's cost grows with its size and, through the
@@ -167,7 +169,8 @@ class Run:
         desc = {"source": sha256(self.source.path)[:16], "preset": repr(self.preset), "seed": self.seed,
                 "other_type": self.other_type, "names": self.names,
                 "calib": hashlib.sha256(calib_text.encode()).hexdigest()[:16],
-                "format": ggml_vq.FORMAT_VERSION, "code": _code_version()}
+                "format": ggml_vq.FORMAT_VERSION, "code": _code_version(),
+                "device": torch.device(self.device).type}   # a GPU rounds sums in another order (VPTQ)
         return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
 
     @property
@@ -180,8 +183,11 @@ class Run:
 
 
 def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *, seed: int = 0,
-                   other_type: str = "q8_0", only: list[str] | None = None, calib: list | None = None) -> Path:
-    """Quantize every block linear (or those whose name contains one of `only`) and write the GGUF."""
+                   other_type: str = "q8_0", only: list[str] | None = None, calib: list | None = None,
+                   device: str | None = None) -> Path:
+    """Quantize every block linear (or those whose name contains one of `only`) and write the GGUF, the
+    arithmetic on `device` (default: default_device())."""
+    device = check_device(device or default_device())
     if isinstance(preset, VQConfig):
         preset = Preset("custom", "kmeans", preset)
     names = [n for n in source.linear_names() if not only or any(s in n for s in only)]
@@ -190,7 +196,7 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     if preset.method == "vptq" and not calib:
         from .calib import DEFAULT_CALIB
         calib = [DEFAULT_CALIB]
-    run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type, ranks())
+    run = Run(source, Path(out), preset, names, list(calib or []), seed, other_type, ranks(), device)
     check_fits(run)
     kept = sorted({n.split(".", 2)[2] for n in source.tensors
                    if n.startswith("blk.") and len(source.shape(n)) >= 2 and not is_linear(n)})
@@ -210,9 +216,8 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
     start = time.time()
     done, report = (_kmeans(run) if preset.method == "kmeans" else _vptq(run))
     if not run.ranks.main:   # its weights are in the parts folder: rank 0 fine-tunes and writes the file
-        peak_gib = peak_memory_gib()
         print(f"[quantize] rank {run.ranks.rank}: {sum(len(run.mine(b)) for b in run.blocks())} tensors in "
-              f"{time.time() - start:.0f} s, peak memory {peak_gib:.1f} GiB", flush=True)
+              f"{time.time() - start:.0f} s on {run.device}, {peaks(run.device)}", flush=True)
         return run.out
     if preset.finetune_steps:
         source = _finetune(run, done)
@@ -230,7 +235,8 @@ def quantize_model(source: SourceModel, out: Path, preset: Preset | VQConfig, *,
         print(f"[quantize] removing {stale.name}: parts of an earlier run with other inputs", flush=True)
         shutil.rmtree(stale, ignore_errors=True)
     world = f" over {run.ranks.world} processes, rank 0's" if run.ranks.world > 1 else ","
-    print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s{world} peak memory {peak_gib:.1f} GiB -> {path}", flush=True)
+    print(f"[quantize] {len(names)} tensors in {elapsed:.0f} s on {run.device}{world} {peaks(run.device)} -> {path}",
+          flush=True)
     return path
 
 
@@ -245,6 +251,17 @@ def peak_memory_gib() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def gpu_peak_gib(device: str) -> float | None:
+    """What torch allocated at most on a CUDA device, in GiB (None for the CPU)."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if torch.device(device).type == "cuda" else None
+
+
+def peaks(device: str) -> str:
+    """This process's peak memory, and the GPU's where it ran on one: for the closing line of a run."""
+    gpu = gpu_peak_gib(device)
+    return f"peak memory {peak_memory_gib():.1f} GiB" + (f", GPU peak {gpu:.1f} GiB" if gpu is not None else "")
 
 
 def check_fits(run: Run) -> None:
@@ -318,7 +335,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
     from .calib import calibration_tokens
     preset = run.preset
     tokens = calibration_tokens(run.source.path, run.calib, preset.n_calib + preset.n_heldout, preset.seq_len, run.seed)
-    model = Model(run.source)
+    model = Model(run.source, run.device)
     if run.ranks.main:
         agreement.check(model, run.source.path, tokens[-2:])
     x = model.embed(tokens)                       # [N, L, d]: calibration windows, then held-out windows
@@ -348,7 +365,8 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             cfg = dataclasses.replace(preset.config_for(name, run.source.n_blocks), seed=run.seed)
             book = shared.get(name)
             t = VPTQ(blk.w[short], H.pop(key) if last[key] == name else H[key], cfg, channel_weight=g.get(name),
-                     codebook=None if book is None else torch.from_numpy(book.data.astype(np.float32))).quantize()
+                     codebook=None if book is None else torch.from_numpy(book.data.astype(np.float32)),
+                     device=run.device).quantize()
             if book is not None:
                 t.link(book)
             report[name] = {"rel_error_heldout": output_error(blk.w[short], dequantize(t), X_val[key]),
@@ -360,7 +378,7 @@ def _vptq(run: Run) -> tuple[dict[str, VQTensor], dict]:
             _gather_parts(run, todo, done, report, books)
             bar.update(len(done) - bar.n)
             for name in todo:
-                blk.w[kind_of(name)] = torch.from_numpy(dequantize(done[name]))
+                blk.w[kind_of(name)] = torch.from_numpy(dequantize(done[name])).to(run.device)
         x = blk.push(x)
         blk.release()
     _gather_parts(run, run.names, done, report, books)
@@ -382,7 +400,7 @@ def _channel_weights(run: Run, model: Model, tokens: torch.Tensor) -> dict[str, 
         g = channel_fisher(model, tokens, run.names)
         model.release()
         with replacing(path, ".npz") as tmp:
-            np.savez(tmp, **{n: v.numpy() for n, v in g.items()})
+            np.savez(tmp, **{n: v.cpu().numpy() for n, v in g.items()})
     run.ranks.barrier()
     with np.load(path) as z:
         return {n: torch.from_numpy(z[n]) for n in run.names}
@@ -411,7 +429,7 @@ def _shared_codebooks(run: Run, model: Model, x: torch.Tensor, g: dict[str, torc
             for short in LINEAR_KINDS:
                 if linear(i, short) in mine:
                     with replacing(hessian_of[linear(i, short)], ".npy") as tmp:
-                        np.save(tmp, H[hessian.INPUT_OF[short]].numpy().astype(np.float32))
+                        np.save(tmp, H[hessian.INPUT_OF[short]].cpu().numpy().astype(np.float32))
             x = blk.push(x)
             blk.release()
     run.ranks.barrier()
@@ -419,8 +437,8 @@ def _shared_codebooks(run: Run, model: Model, x: torch.Tensor, g: dict[str, torc
         (kind, cfg), names = group, groups[group]
         if run.ranks.main:
             print(f"[quantize] one codebook v={cfg.v} k={cfg.k} for {len(names)} {kind} tensors", flush=True)
-        layers = [lambda n=n: VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg, channel_weight=g.get(n))
-                  for n in names]
+        layers = [lambda n=n: VPTQ(run.source.tensors[n], np.load(hessian_of[n]), cfg, channel_weight=g.get(n),
+                                   device=run.device) for n in names]
         C = shared_codebook(layers, cfg, ranks=run.ranks).numpy()
         if run.ranks.main:
             with replacing(book_of[group], ".npy") as tmp:
@@ -441,18 +459,38 @@ def _finetune(run: Run, done: dict[str, VQTensor]) -> SourceModel:
     p = run.preset
     tokens = calibration_tokens(run.source.path, run.calib, p.n_calib + p.n_heldout, p.seq_len, run.seed)
     norms = finetune(run.source, done, Teacher.run(run.source, tokens, p.n_heldout), steps=p.finetune_steps,
-                     lr=p.finetune_lr, device=default_device(), checkpoint=run.parts / "finetune.pt", seed=run.seed)
+                     lr=p.finetune_lr, device=run.device, checkpoint=run.parts / "finetune.pt", seed=run.seed)
     return run.source.replacing(norms)
 
 
+def check_device(device: str) -> str:
+    """device, or a ValueError saying why the quantizer cannot run there: it needs float64 linear algebra
+    (Cholesky factors of the Hessians), which torch has on the CPU and on CUDA."""
+    try:
+        d = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r} ({e})") from None
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device}: the quantizer runs on cpu or cuda (it factors Hessians in float64)")
+    if d.type == "cuda" and (d.index or 0) >= torch.cuda.device_count():
+        build = "" if torch.version.cuda else " (this torch is a CPU-only build)"
+        raise ValueError(f"device {device}: torch sees {torch.cuda.device_count()} CUDA devices{build}")
+    return device
+
+
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """CUDA where torch sees a GPU (under torchrun, the rank's own: cuda:LOCAL_RANK), else the CPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    local = os.environ.get("LOCAL_RANK")
+    return "cuda" if local is None else f"cuda:{local}"
 
 
 def _write_report(run: Run, report: dict, elapsed: float, peak_gib: float) -> None:
     rows = sorted(((n, r) for n, r in report.items() if "rel_error_heldout" in r),
                   key=lambda nr: -nr[1]["rel_error_heldout"])
-    data = {"preset": repr(run.preset), "seconds": elapsed, "peak_rss_gib": peak_gib,
+    data = {"preset": repr(run.preset), "device": run.device, "seconds": elapsed, "peak_rss_gib": peak_gib,
+            "peak_gpu_gib": gpu_peak_gib(run.device),
             "tensors": {n: r for n, r in rows}}
     path = run.out.with_suffix(".report.json")
     path.write_text(json.dumps(data, indent=1))

@@ -34,7 +34,7 @@ def output_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
     themselves (few tokens: cheaper than their Hessian)."""
     def sq(D: torch.Tensor) -> float:
         return float((D @ X.T).to(torch.float64).pow(2).sum())
-    return sq(W - torch.as_tensor(Wq)) / sq(W)
+    return sq(W - torch.as_tensor(Wq, device=W.device)) / sq(W)
 
 
 class VPTQ:
@@ -47,17 +47,23 @@ class VPTQ:
 
     Where v does not divide the outputs, the last out % v rows are the weight's tail, kept in F16 (format.md §3):
     rows do not interact in the loss, so everything here works on the rows above it (W0) and loses nothing.
+
+    Everything runs on `device` (W, H and every matrix made from them; the codes and codebooks come back to
+    the CPU in the VQTensor). On a GPU the same steps give the same file up to the order in which sums are
+    rounded, which can tip a code between two nearly equidistant centroids (docs/quantizer.md, "Devices").
     """
 
     def __init__(self, W: np.ndarray | torch.Tensor, H: np.ndarray | torch.Tensor, cfg: VQConfig,
-                 codebook: torch.Tensor | None = None, channel_weight: torch.Tensor | None = None):
+                 codebook: torch.Tensor | None = None, channel_weight: torch.Tensor | None = None,
+                 device: str | torch.device = "cpu"):
         """`codebook` [1, k, v]: a fixed main codebook (one several weights share, see shared_codebook): no
         k-means and no refit of it here. `channel_weight` [out]: g_o, the weight of output channel o's error in
         the loss Σ_o g_o ‖ΔW_o X‖² (fisher.py; None: all 1, the paper's loss)."""
-        W = torch.as_tensor(W, dtype=torch.float32)          # not a copy: never written
+        self.device = dev = torch.device(device)
+        W = torch.as_tensor(W, dtype=torch.float32, device=dev)          # on the CPU, not a copy: never written
         self.cfg = cfg
-        self.codebook = codebook
-        self.g = None if channel_weight is None else torch.as_tensor(channel_weight, dtype=torch.float32)
+        self.codebook = None if codebook is None else codebook.to(dev)
+        self.g = None if channel_weight is None else torch.as_tensor(channel_weight, dtype=torch.float32, device=dev)
         if self.g is not None and (self.g.shape != (W.shape[0],) or not torch.isfinite(self.g).all() or (self.g < 0).any()):
             raise ValueError(f"channel weights must be {W.shape[0]} finite values ≥ 0")
         if not cfg.fits(*W.shape):
@@ -72,8 +78,8 @@ class VPTQ:
         if in_features % cfg.groups:
             raise ValueError(f"{cfg.groups} column groups do not divide {in_features} input columns")
         self.P = out_features // cfg.v
-        self.group = torch.arange(in_features) // (in_features // cfg.groups)   # per original column
-        self._prepare(torch.as_tensor(H, dtype=torch.float64))
+        self.group = torch.arange(in_features, device=dev) // (in_features // cfg.groups)   # per original column
+        self._prepare(torch.as_tensor(H, dtype=torch.float64, device=dev))
 
     # --- normalization and Hessian preparation ------------------------------------------------------
 
@@ -99,7 +105,7 @@ class VPTQ:
             W = (W - self.t) / self.s
             diag = diag * (self.s.double() * self.s.double())        # H' = S H S
         self.W, self.diag = W, diag
-        self.perm = torch.argsort(diag, descending=True) if cfg.act_order else torch.arange(len(diag))
+        self.perm = torch.argsort(diag, descending=True) if cfg.act_order else torch.arange(len(diag), device=self.device)
         # At in = 14336 one float64 Hessian is 1.6 GB: beside the caller's, one copy is factored in place and
         # freed before the refit's float32 one is made.
         Hp = self._permuted(H, dead, torch.float64)
@@ -113,13 +119,13 @@ class VPTQ:
         self.Hp = self._permuted(H, dead, torch.float32)             # undamped: the loss the refit minimises
         self.gp = self.group[self.perm]                              # group of each permuted column
         # an outlier codebook value o stands for o / s_j in Wn's terms
-        self.ounit = (1 / self.s[self.perm]) if self.s is not None else torch.ones(len(self.perm))
+        self.ounit = (1 / self.s[self.perm]) if self.s is not None else torch.ones(len(self.perm), device=self.device)
 
     def _permuted(self, H: torch.Tensor, dead: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """H' = S H S in the order perm, the dead inputs' diagonal 1, in `dtype`: computed in float64 and
         rounded 1024 rows at a time, so a float32 copy is made without a float64 one."""
         n, step = len(self.perm), 1024
-        out = torch.empty(n, n, dtype=dtype)
+        out = torch.empty(n, n, dtype=dtype, device=self.device)
         sp = None if self.s is None else self.s.double()[self.perm]
         dead_p = dead[self.perm]
         for r in range(0, n, step):
@@ -174,9 +180,9 @@ class VPTQ:
         WT = self.W[:, self.perm].T.contiguous()                      # [in, out]
         n = WT.shape[0]
         QT, targetT = torch.zeros_like(WT), torch.zeros_like(WT)
-        codes = torch.zeros(n, P, dtype=torch.long)
-        rcodes = torch.zeros(n, P, dtype=torch.long) if R is not None else None
-        ocodes = torch.zeros(n_out, WT.shape[1] // cfg.v0, dtype=torch.long) if O is not None else None
+        codes = torch.zeros(n, P, dtype=torch.long, device=self.device)
+        rcodes = torch.zeros(n, P, dtype=torch.long, device=self.device) if R is not None else None
+        ocodes = torch.zeros(n_out, WT.shape[1] // cfg.v0, dtype=torch.long, device=self.device) if O is not None else None
         U, lw, lw0 = self.U, self._lane_w(v), (self._lane_w(cfg.v0) if O is not None else None)
         main = [centroid_terms(Cg, lw) for Cg in C]
         res = [centroid_terms(Rg, lw) for Rg in R] if R is not None else None
@@ -234,13 +240,14 @@ class VPTQ:
             idx.append(rcodes + G * K1 + R.shape[1] * self.gp[None, :])
         Wp = self.W[:, self.perm] - Qout                                # what the codebooks must represent
         HW = Wp @ H                                                     # [out, n]
-        lam_pe = torch.ones(P, v) if self.lanes is None else self._lane_w(v)
-        M = torch.zeros(v, K, K)
-        B = torch.zeros(K, v)
+        dev = self.device
+        lam_pe = torch.ones(P, v, device=dev) if self.lanes is None else self._lane_w(v)
+        M = torch.zeros(v, K, K, device=dev)
+        B = torch.zeros(K, v, device=dev)
         n = H.shape[0]
-        Mp = torch.zeros(K, K)
+        Mp = torch.zeros(K, K, device=dev)
         for p in range(P):
-            AtH = torch.zeros(K, n)                                     # A_pᵀ H, by rows (H is symmetric)
+            AtH = torch.zeros(K, n, device=dev)                         # A_pᵀ H, by rows (H is symmetric)
             for a in idx:
                 AtH.index_add_(0, a[p], H)
                 B.index_add_(0, a[p], HW[p * v:(p + 1) * v].T * lam_pe[p])
@@ -249,10 +256,11 @@ class VPTQ:
                 Mp.index_add_(1, a[p], AtH)                             # (A_pᵀ H) A_p
             M += lam_pe[p][:, None, None] * Mp
         M, B = M.to(torch.float64), B.to(torch.float64)
-        Z = torch.empty(K, v, dtype=torch.float64)
+        Z = torch.empty(K, v, dtype=torch.float64, device=dev)
         for e in range(v):
             lam = 1e-6 * float(torch.diag(M[e]).mean()) + 1e-12
-            Z[:, e] = torch.linalg.solve(M[e] + lam * torch.eye(K, dtype=M.dtype), B[:, e] + lam * Z0[:, e].to(torch.float64))
+            Z[:, e] = torch.linalg.solve(M[e] + lam * torch.eye(K, dtype=M.dtype, device=dev),
+                                         B[:, e] + lam * Z0[:, e].to(torch.float64))
         Z = f16(Z.to(torch.float32))
         C = Z[:G * K1].reshape(G, K1, v)
         return (C, Z[G * K1:].reshape(G, -1, v)) if R is not None else (C, None)
@@ -272,7 +280,7 @@ class VPTQ:
             first = torch.stack([C[self.gp[j]][nearest(Wp[:, j].view(P, v), C[self.gp[j]], lw)[0]].reshape(-1)
                                  for j in range(n_out)], 1)
             err = (Wp[:, :n_out] - first) / self.ounit[:n_out]
-            O = f16(kmeans(to_vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out), cfg.v0),
+            O = f16(kmeans(to_vectors(err, cfg.v0), cfg.k0, self._weights(torch.arange(n_out, device=self.device), cfg.v0),
                            iters=cfg.kmeans_iters, seed=cfg.seed + 2))
         codes, rcodes, ocodes, Q, target = self._assign(C, None, O, n_out)
         if cfg.k_res:
@@ -292,22 +300,23 @@ class VPTQ:
         return out
 
     def _tensor(self, codes, rcodes, ocodes, C, R, O, n_out) -> VQTensor:
-        """Store the codes in the original column order (the permutation is absorbed)."""
+        """Store the codes in the original column order (the permutation is absorbed), on the CPU."""
+        def host(x: torch.Tensor, dtype) -> np.ndarray:
+            return x.cpu().numpy().astype(dtype)
         inv = torch.argsort(self.perm)
-        t = VQTensor(shape=tuple(self.W0.shape), codes=codes[:, inv].numpy().astype(np.uint32),
-                     codebook=C.to(torch.float16).numpy())
+        t = VQTensor(shape=tuple(self.W0.shape), codes=host(codes[:, inv], np.uint32), codebook=host(C, np.float16))
         if R is not None:
-            t.res_codes = rcodes[:, inv].numpy().astype(np.uint32)
-            t.res_codebook = R.to(torch.float16).numpy()
+            t.res_codes = host(rcodes[:, inv], np.uint32)
+            t.res_codebook = host(R, np.float16)
         if self.s is not None:
-            t.col_norm = torch.stack([self.s, self.t]).numpy().astype(np.float32)
+            t.col_norm = host(torch.stack([self.s, self.t]), np.float32)
         if self.u is not None:
-            t.row_scale = self.u.numpy().astype(np.float16)
+            t.row_scale = host(self.u, np.float16)
         if O is not None:
-            t.outlier_cols = self.perm[:n_out].numpy().astype(np.int32)
-            t.outlier_idx = ocodes.numpy().astype(np.int16)
-            t.outlier_codebook = O.to(torch.float16).numpy()
-        return t.add_tail(self.tail.numpy())
+            t.outlier_cols = host(self.perm[:n_out], np.int32)
+            t.outlier_idx = host(ocodes, np.int16)
+            t.outlier_codebook = host(O, np.float16)
+        return t.add_tail(self.tail.cpu().numpy())
 
 
 def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points: int = 1 << 18,
@@ -317,33 +326,34 @@ def shared_codebook(layers: list[Callable[[], VPTQ]], cfg: VQConfig, max_points:
     tensors to minutes, stratified as `kmeans` does with its TAIL_POINTS farthest vectors per weight always in it),
     then cfg.refit_rounds rounds of second-order assignment of each weight with the centroids moved to the
     weighted mean of the error-compensated targets assigned to them (all vectors).
-    `layers[i]()` makes weight i's VPTQ, so only one Hessian is held at once. Over several ranks (distributed.py)
-    rank 0 runs the k-means and each rank assigns every world-th weight; the sums are kept per weight and
-    added in weight order, so the codebook does not depend on the number of ranks."""
+    `layers[i]()` makes weight i's VPTQ, so only one Hessian is held at once; the work runs on its device. Over
+    several ranks (distributed.py) rank 0 runs the k-means and each rank assigns every world-th weight; the sums
+    are kept per weight, on the CPU, and added in weight order, so the codebook does not depend on the number of
+    ranks. The codebook comes back on the CPU."""
     v = cfg.v
 
     def vectors(vp: VPTQ, Wp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        X, w = to_vectors(Wp, v), vp._weights(torch.arange(Wp.shape[1]), v)
+        X, w = to_vectors(Wp, v), vp._weights(torch.arange(Wp.shape[1], device=vp.device), v)
         return X, (w if w.dim() == 2 else w[:, None].expand_as(X))
 
-    C = torch.empty(1, cfg.k, v)
+    C = torch.empty(1, cfg.k, v, device="cpu")
     if ranks.main:
         X, w = zip(*(vectors(vp, vp.W[:, vp.perm]) for vp in (make() for make in layers)))
         X, w = torch.cat(X), torch.cat(w)
         C = f16(kmeans(X, cfg.k, w, iters=cfg.kmeans_iters, seed=cfg.seed, max_points=max_points,
-                       tail_points=TAIL_POINTS * len(layers)))[None]
+                       tail_points=TAIL_POINTS * len(layers)))[None].cpu()
         del X, w
     C = ranks.broadcast(C)
     for _ in range(cfg.refit_rounds):
-        S = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64)
-        N = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64)
+        S = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64, device="cpu")
+        N = torch.zeros(len(layers), cfg.k, v, dtype=torch.float64, device="cpu")
         for i in range(ranks.rank, len(layers), ranks.world):
             vp = layers[i]()
-            codes, _, _, _, target = vp._assign(C, None, None, 0)
+            codes, _, _, _, target = vp._assign(C.to(vp.device), None, None, 0)
             X, w = vectors(vp, target)
             idx = codes.T.reshape(-1)                     # to_vectors' order: column j, vector row p at j·P + p
-            S[i].index_add_(0, idx, (X * w).double())
-            N[i].index_add_(0, idx, w.double())
+            S[i].index_add_(0, idx.cpu(), (X * w).double().cpu())
+            N[i].index_add_(0, idx.cpu(), w.double().cpu())
         S, N = ranks.gather(S).sum(0), ranks.gather(N).sum(0)
         C = f16(torch.where(N > 0, S / N.clamp_min(1e-300), C[0].double()).float())[None]
     return C
