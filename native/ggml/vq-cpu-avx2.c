@@ -604,6 +604,7 @@ static void vq_decode_panels(const struct vq_call * c, int64_t pa, int64_t pb, f
 static VQ_ALWAYS_INLINE void vq_mk256(int64_t k, const float * A, const float * B, float * const * C, int64_t r0,
                                       int64_t nrows, const int NR) {
     __m256 acc[6][2];
+    VQ_UNROLL
     for (int t = 0; t < NR; ++t) {
         acc[t][0] = _mm256_setzero_ps();
         acc[t][1] = _mm256_setzero_ps();
@@ -611,12 +612,14 @@ static VQ_ALWAYS_INLINE void vq_mk256(int64_t k, const float * A, const float * 
     for (int64_t l = 0; l < k; ++l) {
         const __m256 a0 = _mm256_loadu_ps(A + l * 16);
         const __m256 a1 = _mm256_loadu_ps(A + l * 16 + 8);
+        VQ_UNROLL
         for (int t = 0; t < NR; ++t) {
             const __m256 b = _mm256_broadcast_ss(B + l * 6 + t);
             acc[t][0] = _mm256_fmadd_ps(a0, b, acc[t][0]);
             acc[t][1] = _mm256_fmadd_ps(a1, b, acc[t][1]);
         }
     }
+    VQ_UNROLL
     for (int t = 0; t < NR; ++t) {
         if (nrows >= 16) {
             _mm256_storeu_ps(C[t] + r0, acc[t][0]);

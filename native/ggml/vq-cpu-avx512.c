@@ -720,6 +720,7 @@ void vq_cent512_rows(const struct vq_call * c, int64_t p0, int64_t p1, int64_t t
 static VQ_ALWAYS_INLINE void vq_mk512(int64_t k, const float * A, const float * B, float * const * C, int64_t r0,
                                       __mmask16 m0, __mmask16 m1, const int NR) {
     __m512 acc[12][2];
+    VQ_UNROLL
     for (int t = 0; t < NR; ++t) {
         acc[t][0] = _mm512_setzero_ps();
         acc[t][1] = _mm512_setzero_ps();
@@ -727,12 +728,14 @@ static VQ_ALWAYS_INLINE void vq_mk512(int64_t k, const float * A, const float * 
     for (int64_t l = 0; l < k; ++l) {
         const __m512 a0 = _mm512_loadu_ps(A + l * 32);
         const __m512 a1 = _mm512_loadu_ps(A + l * 32 + 16);
+        VQ_UNROLL
         for (int t = 0; t < NR; ++t) {
             const __m512 b = _mm512_set1_ps(B[l * 12 + t]);
             acc[t][0] = _mm512_fmadd_ps(a0, b, acc[t][0]);
             acc[t][1] = _mm512_fmadd_ps(a1, b, acc[t][1]);
         }
     }
+    VQ_UNROLL
     for (int t = 0; t < NR; ++t) {
         _mm512_mask_storeu_ps(C[t] + r0, m0, acc[t][0]);
         _mm512_mask_storeu_ps(C[t] + r0 + 16, m1, acc[t][1]);
