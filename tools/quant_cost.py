@@ -134,17 +134,17 @@ def agree(out_features: int, in_features: int, preset_name: str, device: str) ->
     from vq_gguf.vptq import VPTQ, proxy_loss
     cfg = PRESETS[preset_name].config_for("blk.1.ffn_up.weight", 3)
     W, H, _ = random_linear(out_features, in_features)
-    runs = {}
+    whole = proxy_loss(W, torch.zeros_like(W), H)
+    r = {"shape": [out_features, in_features], "preset": preset_name, "device": device, "rel_loss": {}, "seconds": {}}
+    codes = []
     for label, dev, seed in (("cpu, seed 0", "cpu", 0), ("cpu, seed 1", "cpu", 1), (f"device {device}, seed 0", device, 0)):
         start = time.time()
         t = VPTQ(W, H, dataclasses.replace(cfg, seed=seed), device=dev).quantize()
-        runs[label] = (t, time.time() - start)
-    whole = proxy_loss(W, torch.zeros_like(W), H)
-    (cpu, _), (dev_t, _) = runs["cpu, seed 0"], runs[f"device {device}, seed 0"]
-    return {"shape": [out_features, in_features], "preset": preset_name, "device": device,
-            "rel_loss": {k: proxy_loss(W, torch.from_numpy(dequantize(t)), H) / whole for k, (t, _) in runs.items()},
-            "seconds": {k: s for k, (_, s) in runs.items()},
-            "codes_equal": float(np.mean(cpu.codes == dev_t.codes))}
+        r["seconds"][label] = time.time() - start
+        r["rel_loss"][label] = proxy_loss(W, torch.from_numpy(dequantize(t)), H) / whole
+        codes.append(t.codes)
+    r["codes_equal"] = float(np.mean(codes[0] == codes[2]))
+    return r
 
 
 def products(shape: str, tokens: int, device: str = "cpu") -> dict:
@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
         o, i, kind, n_blocks = args.one_linear
         print(json.dumps(one_linear(int(o), int(i), args.preset, kind, int(n_blocks), args.device)))
         return
+    from vq_gguf.quantize import check_device
+    check_device(args.agree or args.device)   # before minutes of work on the CPU
     if args.agree:
         r = agree(*args.agree_shape, args.preset, args.agree)
         print(json.dumps(r, indent=1))
@@ -250,8 +252,6 @@ def main(argv: list[str] | None = None) -> None:
             args.json.write_text(json.dumps(r, indent=1))
         return
     if args.shapes:
-        from vq_gguf.quantize import check_device
-        check_device(args.device)
         rows = []
         for shape in args.shapes:
             rows.append(measure_shape(shape, args.preset, args.device))
