@@ -23,7 +23,7 @@ import pytest
 from tests import REPO
 from vq_gguf import bundle, model_card
 from vq_gguf.bpw import count
-from vq_gguf.native.build import PORTABLE_VARIANTS, bin_dir, tree_dir
+from vq_gguf.native.build import PORTABLE_VARIANTS, bin_dir, portable_bin_dir, tree_dir
 from vq_gguf.native.wheel import build_wheel, check
 
 PROMPT = "What is the capital of France?"
@@ -169,9 +169,26 @@ def test_serve_refuses_a_missing_model(tmp_path):
 # --- llama-cpp-python ------------------------------------------------------------------------------------
 
 def test_llama_cpp_python_in_a_fresh_venv(ffn_down_file, reference, tmp_path):
-    """The pinned release's Python package, installed as a wheel into a new virtual environment, with the
-    patched libraries of the build folder (the full wheel compiles llama.cpp once more: `vq-gguf wheel`)."""
-    wheel = build_wheel(tmp_path / "wheels", python_only=True)
+    """`vq-gguf wheel`: the pinned release's Python package with the portable build's libraries, installed into a
+    new virtual environment, answers as `vq-gguf chat` does, with the CPU variant ggml loaded from the package."""
+    wheel = build_wheel(tmp_path / "wheels", bundle.shared_libraries(portable_bin_dir()))
+    assert wheel.name.endswith("-linux_x86_64.whl")
+    with zipfile.ZipFile(wheel) as z:
+        libs = {n.removeprefix("llama_cpp/lib/") for n in z.namelist() if n.startswith("llama_cpp/lib/")}
+    assert libs == {"libllama.so", "libggml.so.0", "libggml-base.so.0", *(f"libggml-cpu-{v}.so" for v in PORTABLE_VARIANTS)}
+    venv = tmp_path / "venv"
+    answer = check(wheel, ffn_down_file, MESSAGES, max_tokens=N_TOKENS, venv=venv, threads=THREADS,
+                   env={"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(tmp_path / "ld")})
+    assert decodable(answer["content"]) == decodable(reference)
+    log = "".join(p.read_text() for p in tmp_path.glob("ld.*"))
+    variant = loaded_cpu_variant(log)
+    assert re.search(rf"file={re.escape(str(venv))}/\S*/llama_cpp/lib/libggml-cpu-{variant}\.so \[0\];", log)
+
+
+def test_llama_cpp_python_with_the_native_build(ffn_down_file, reference, tmp_path):
+    """The Python-only wheel, its libraries named by LLAMA_CPP_LIB_PATH: those of `vq-gguf build`, whose CPU
+    backend is linked in (nothing to load)."""
+    wheel = build_wheel(tmp_path / "wheels", None)
     with zipfile.ZipFile(wheel) as z:
         assert not [n for n in z.namelist() if ".so" in n]  # so the VQ file can only load through our libllama
     answer = check(wheel, ffn_down_file, MESSAGES, max_tokens=N_TOKENS, venv=tmp_path / "venv", threads=THREADS,

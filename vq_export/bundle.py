@@ -75,10 +75,13 @@ def _dynamic(lib: Path) -> tuple[str, list[str]]:
 
 
 def shared_libraries(lib_dir: Path) -> dict[str, Path]:
-    """{soname: file} for libllama and every library of the build folder it loads, directly or not (ELF NEEDED
-    names; system libraries such as libc, libstdc++ or libgomp are not in the build folder, not ours to ship)."""
+    """{name: file} of what a program needs from the build folder: libllama and every library of the folder it
+    loads, directly or not, by SONAME (ELF NEEDED names; system libraries such as libc, libstdc++ or libgomp are
+    not in the build folder, not ours to ship), and in a portable build the CPU backend variants, which ggml loads
+    at run time (no library NEEDs them)."""
+    from vq_gguf.native.build import cpu_variants
     if platform.system() != "Linux" or shutil.which("readelf") is None:
-        raise BundleError("--bundle needs Linux and readelf (binutils) to collect the shared libraries")
+        raise BundleError("the libraries can be collected only on Linux, with readelf (binutils)")
     if not (lib_dir / "libllama.so").exists():
         raise BundleError(f"no libllama.so in {lib_dir}: run `vq-gguf build`")
     found: dict[str, Path] = {}
@@ -88,7 +91,7 @@ def shared_libraries(lib_dir: Path) -> dict[str, Path]:
         if soname not in found:
             found[soname] = (lib_dir / soname).resolve()
             todo += [lib_dir / n for n in needed if n not in found and (lib_dir / n).exists()]
-    return found
+    return found | {f"libggml-cpu-{v}.so": lib_dir / f"libggml-cpu-{v}.so" for v in cpu_variants(lib_dir)}
 
 
 def headers(tree: Path) -> list[Path]:
@@ -149,9 +152,7 @@ def export(model: Path, out: Path, *, bundle: bool = False, lib_dir: Path | None
             linker_name = soname.split(".so")[0] + ".so"  # what `cc -lNAME` looks for
             if linker_name != soname:
                 (tmp / "lib" / linker_name).symlink_to(soname)
-        variants = cpu_variants(lib_dir)  # loaded at run time, so no library NEEDs them: shared_libraries misses them
-        for v in variants:
-            _copy(lib_dir / f"libggml-cpu-{v}.so", tmp / "lib" / f"libggml-cpu-{v}.so")
+        variants = cpu_variants(lib_dir)
         for h in headers(tree_dir()):
             _copy(h, tmp / "include" / h.name)
         _copy(EXAMPLE, tmp / "example" / EXAMPLE.name)

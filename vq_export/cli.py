@@ -11,7 +11,7 @@
     vq-gguf serve FILE                 llama-server on FILE: an OpenAI-compatible API on 127.0.0.1:8080
     vq-gguf export FILE --out DIR      FILE with its model card and manifest (--bundle: + libraries, C example)
     vq-gguf verify DIR                 check an exported folder against its manifest, and load its model
-    vq-gguf wheel                      a llama-cpp-python wheel of the patched llama.cpp
+    vq-gguf wheel                      a llama-cpp-python wheel of the patched llama.cpp (x86-64: any CPU)
     vq-gguf demo                       build, quantize the default model, compare with llama.cpp, chat
 """
 from __future__ import annotations
@@ -258,7 +258,12 @@ def cmd_verify(args) -> None:
 def cmd_wheel(args) -> None:
     from vq_gguf.paths import home
     from vq_gguf.native.wheel import build_wheel, check
-    wheel = build_wheel(Path(args.out) if args.out else home() / "wheels", python_only=args.python_only, jobs=args.jobs)
+    libraries = None
+    if not args.python_only:
+        from vq_gguf.native.build import build, build_portable
+        from .bundle import portable, shared_libraries
+        libraries = shared_libraries(build(jobs=args.jobs) if args.native or not portable() else build_portable(jobs=args.jobs))
+    wheel = build_wheel(Path(args.out) if args.out else home() / "wheels", libraries)
     print(wheel)
     if args.check:
         from vq_gguf.native.build import bin_dir
@@ -513,13 +518,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-load", action="store_true", help=NO_LOAD_HELP)
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("wheel", help="build a llama-cpp-python wheel of the patched llama.cpp")
+    p = sub.add_parser("wheel", help="build a llama-cpp-python wheel of the patched llama.cpp (on x86-64: for any CPU)")
     p.add_argument("--out", default=None, help="folder for the wheel (default: $VQ_GGUF_HOME/wheels)")
-    p.add_argument("--python-only", action="store_true",
-                   help="compile nothing: the package then loads the libraries of `vq-gguf build` via LLAMA_CPP_LIB_PATH")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--native", action="store_true",
+                     help="the libraries of `vq-gguf build` (this CPU's instruction sets) instead of the portable build's")
+    how.add_argument("--python-only", action="store_true",
+                     help="no libraries: the package then loads those named by LLAMA_CPP_LIB_PATH, e.g. `vq-gguf build`'s")
     p.add_argument("--check", default=None, metavar="MODEL", help="install the wheel into a fresh venv and chat with MODEL")
     p.add_argument("--prompt", default="What is the capital of France?")
-    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs of the build")
     p.set_defaults(func=cmd_wheel)
 
     from vq_gguf.tools import compare
