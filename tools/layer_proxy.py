@@ -7,7 +7,11 @@
 For each tensor: the block's input Hessians from calibration windows pushed through the float model (the
 `--independent` way), then every config quantized with VPTQ and scored on held-out windows by the relative
 layer-output error ‖(W − Ŵ)Xᵀ‖² / ‖WXᵀ‖² (what `vq-gguf quantize` reports per tensor), with its bits per
-weight counted like the file's (indices, codebooks, side tensors) and its time. `--files` scores the same
+weight counted like the file's (indices, codebooks, side tensors) and its time. `--rotate` adds each config on
+the weight with its input dimension rotated by a random orthogonal transform U (W·U quantized against the Hessian
+UᵀHU, the result rotated back, scored on the same held-out inputs): `hadamard`, sign flips then Walsh-Hadamard
+blocks of the largest power of two that divides the width (what a kernel could apply to the activations in
+O(n log n)), or `orthogonal`, a dense random rotation (the most incoherence any rotation gives). `--files` scores the same
 tensors as another GGUF file holds them (llama.cpp's types dequantized by gguf-py, VQ by the reference
 decoder), so per-tensor errors can be set beside llama.cpp's at the same bits.
 """
@@ -53,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tensors", nargs="+", required=True, help="blk.N.NAME, e.g. blk.3.ffn_down")
     ap.add_argument("--configs", nargs="+", default=[], help="comma-separated VQConfig settings")
     ap.add_argument("--files", nargs="+", default=[], metavar="LABEL=PATH", help="score the tensors as these GGUF files hold them")
+    ap.add_argument("--rotate", nargs="+", default=[], choices=["hadamard", "orthogonal"],
+                    help="also quantize each config on the weight with its inputs rotated (see above)")
     ap.add_argument("--calib-windows", type=int, default=32)
     ap.add_argument("--heldout-windows", type=int, default=4)
     args = ap.parse_args(argv)
@@ -63,9 +69,14 @@ def main(argv: list[str] | None = None) -> None:
     print("| tensor | config | held-out error | bpw | seconds |\n| --- | --- | ---: | ---: | ---: |")
     for name, W, H, Xv in float_hessians(src, args.tensors, args.calib_windows, args.heldout_windows):
         for text, cfg in configs:
-            start = time.time()
-            t = VPTQ(W, H, cfg).quantize()
-            print(f"| {name} | {text} | {output_error(W, dequantize(t), Xv):.2%} | {tensor_bpw(t):.3f} | {time.time() - start:.0f} |", flush=True)
+            for rotation in [None, *args.rotate]:
+                start = time.time()
+                U = None if rotation is None else input_rotation(rotation, W.shape[1])
+                t = VPTQ(W if U is None else W @ U, H if U is None else U.T.to(H.dtype) @ H @ U.to(H.dtype), cfg).quantize()
+                W_hat = torch.as_tensor(np.asarray(dequantize(t), dtype=np.float32))
+                W_hat = W_hat if U is None else W_hat @ U.T
+                label = text if rotation is None else f"{text}, {rotation}"
+                print(f"| {name} | {label} | {output_error(W, W_hat, Xv):.2%} | {tensor_bpw(t):.3f} | {time.time() - start:.0f} |", flush=True)
         for label, f in files:
             err = output_error(W, f.weight(name + ".weight"), Xv)
             bits = f.bits[name + ".weight"]
@@ -88,6 +99,21 @@ def float_hessians(src, tensors: list[str], n_calib: int, n_heldout: int):
                 h = hessian.INPUT_OF[short]
                 yield f"blk.{i}.{short}", blk.w[short], H[h], Xv[h]
         x = blk.push(x)
+
+
+def input_rotation(kind: str, n: int, seed: int = 0) -> torch.Tensor:
+    """An n × n orthogonal matrix U (float32): `hadamard` = diag(random signs) · blockdiag(H_b / √b), b the largest
+    power of two dividing n; `orthogonal` = Q of the QR factorization of a Gaussian matrix."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "orthogonal":
+        q, r = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+        return (q * torch.sign(torch.diagonal(r))).float()
+    b = n & -n
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < b:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.randint(0, 2, (n,), generator=g).double() * 2 - 1
+    return (signs[:, None] * torch.block_diag(*[h / b ** 0.5] * (n // b))).float()
 
 
 def tensor_bpw(t: VQTensor) -> float:
